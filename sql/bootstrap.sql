@@ -1,0 +1,30 @@
+-- Storage for idempotency records. Runs before the generated function definitions.
+-- Nothing here is readable or writable by PUBLIC: consumers go through the idem_* functions.
+
+CREATE SCHEMA idempotency;
+REVOKE ALL ON SCHEMA idempotency FROM PUBLIC;
+
+-- Fencing tokens: global, so a key's token keeps growing even after its record was reclaimed.
+CREATE SEQUENCE idempotency.token_seq AS bigint CACHE 1;
+
+-- One row per (scope, key). Partitioned by time so that retention drops whole partitions.
+-- (scope, key) is unique across partitions by the per-key lock every writer takes first;
+-- a partitioned table cannot carry that unique index itself.
+CREATE TABLE idempotency.records (
+    scope       text COLLATE "C" NOT NULL,
+    key         text COLLATE "C" NOT NULL,
+    status      text NOT NULL CHECK (status IN ('pending', 'completed', 'failed')),
+    token       bigint,
+    attempts    integer NOT NULL DEFAULT 1 CHECK (attempts >= 1),
+    fingerprint text,
+    payload     jsonb,
+    error       jsonb,
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    updated_at  timestamptz NOT NULL DEFAULT now(),
+    expires_at  timestamptz
+) PARTITION BY RANGE (created_at);
+
+CREATE INDEX records_scope_key_idx ON idempotency.records (scope, key);
+
+COMMENT ON SCHEMA idempotency IS 'Storage of the idempotency extension; use the idem_* functions, not these tables.';
+COMMENT ON TABLE idempotency.records IS 'Idempotency records, one per (scope, key), range-partitioned by created_at.';

@@ -1,0 +1,73 @@
+//! Argument checks shared by the SQL functions. All functions are declared non-STRICT so that a
+//! NULL argument reaches these checks and gets an ERROR instead of a silent NULL result.
+use crate::errors;
+use crate::gucs;
+use crate::storage::records::Key;
+use pgrx::prelude::*;
+use pgrx::JsonB;
+
+/// Checks a key or scope: present, non-empty, within `idempotency.max_key_bytes`, printable.
+pub fn ident<'a>(name: &str, value: Option<&'a str>) -> &'a str {
+    let Some(value) = value else { errors::null_argument(name) };
+    if value.is_empty() {
+        errors::invalid(format!("{name} must not be empty"));
+    }
+    let limit = gucs::max_key_bytes();
+    if value.len() > limit {
+        errors::too_large(name, value.len(), limit, "idempotency.max_key_bytes");
+    }
+    if value.chars().any(char::is_control) {
+        errors::invalid(format!("{name} must not contain control characters"));
+    }
+    value
+}
+
+pub fn key<'a>(key: Option<&'a str>, scope: Option<&'a str>) -> Key<'a> {
+    Key { key: ident("key", key), scope: ident("scope", scope) }
+}
+
+pub fn required<T>(name: &str, value: Option<T>) -> T {
+    value.unwrap_or_else(|| errors::null_argument(name))
+}
+
+/// A lease length: the given interval, or `idempotency.lease_ttl`; it must be positive.
+pub fn ttl(ttl: Option<Interval>) -> Interval {
+    let ttl = ttl.unwrap_or_else(|| {
+        Interval::new(0, 0, gucs::lease_ttl_ms() * 1000).expect("lease_ttl is a valid interval")
+    });
+    // PostgreSQL compares intervals with 30-day months; so do we.
+    let micros = ttl.months() as i128 * 30 * 86_400_000_000 + ttl.days() as i128 * 86_400_000_000 + ttl.micros() as i128;
+    if micros <= 0 {
+        errors::invalid(format!("ttl must be positive, got {ttl}"));
+    }
+    ttl
+}
+
+/// A payload or error document as JSON text, within `idempotency.max_payload_bytes`.
+pub fn document(name: &str, doc: Option<JsonB>) -> Option<String> {
+    let text = serde_json::to_string(&doc?.0).expect("a JSON value serializes");
+    let limit = gucs::max_payload_bytes();
+    if text.len() > limit {
+        errors::too_large(name, text.len(), limit, "idempotency.max_payload_bytes");
+    }
+    Some(text)
+}
+
+pub fn token(token: Option<i64>) -> Option<i64> {
+    if let Some(t) = token {
+        if t <= 0 {
+            errors::invalid(format!("token must be positive, got {t}"));
+        }
+    }
+    token
+}
+
+pub fn fingerprint(fingerprint: Option<&str>) -> Option<&str> {
+    let limit = gucs::max_key_bytes();
+    if let Some(f) = fingerprint {
+        if f.len() > limit {
+            errors::too_large("fingerprint", f.len(), limit, "idempotency.max_key_bytes");
+        }
+    }
+    fingerprint
+}

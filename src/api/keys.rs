@@ -1,0 +1,116 @@
+//! `idem_claim`, `idem_complete`, `idem_fail`, `idem_heartbeat`, `idem_once`, `idem_status`.
+//!
+//! They are SECURITY DEFINER so that consumers need no privileges on the storage tables, with
+//! `search_path` pinned to `pg_catalog, pg_temp` so no caller's schema can shadow what they call.
+use super::args;
+use crate::storage::records;
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use pgrx::JsonB;
+
+type Ts = TimestampWithTimeZone;
+
+fn ts(value: pg_sys::TimestampTz) -> Ts {
+    Ts::try_from(value).expect("valid timestamp")
+}
+
+#[pg_extern(security_definer, volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn idem_claim(
+    key: Option<&str>,
+    ttl: default!(Option<Interval>, "NULL"),
+    scope: default!(Option<&str>, "'default'"),
+    fingerprint: default!(Option<&str>, "NULL"),
+    wait: default!(Option<bool>, "true"),
+) -> TableIterator<
+    'static,
+    (
+        name!(outcome, String),
+        name!(token, Option<i64>),
+        name!(attempts, Option<i32>),
+        name!(payload, Option<JsonB>),
+        name!(expires_at, Option<Ts>),
+    ),
+> {
+    let k = args::key(key, scope);
+    let ttl = args::ttl(ttl);
+    let fingerprint = args::fingerprint(fingerprint);
+    let wait = args::required("wait", wait);
+    let c = records::claim(k, ttl, fingerprint, wait);
+    TableIterator::once((c.outcome.as_str().to_string(), c.token, c.attempts, c.payload, c.expires_at.map(ts)))
+}
+
+#[pg_extern(security_definer, volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn idem_complete(
+    key: Option<&str>,
+    payload: default!(Option<JsonB>, "NULL"),
+    scope: default!(Option<&str>, "'default'"),
+    token: default!(Option<i64>, "NULL"),
+) {
+    let k = args::key(key, scope);
+    let payload = args::document("payload", payload);
+    let token = args::token(token);
+    records::complete(k, payload.as_deref(), token);
+}
+
+#[pg_extern(security_definer, volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn idem_fail(
+    key: Option<&str>,
+    error: default!(Option<JsonB>, "NULL"),
+    retryable: default!(Option<bool>, "true"),
+    scope: default!(Option<&str>, "'default'"),
+    token: default!(Option<i64>, "NULL"),
+) -> String {
+    let k = args::key(key, scope);
+    let error = args::document("error", error);
+    let retryable = args::required("retryable", retryable);
+    let token = args::token(token);
+    records::fail(k, error.as_deref(), retryable, token).to_string()
+}
+
+#[pg_extern(security_definer, volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn idem_heartbeat(
+    key: Option<&str>,
+    ttl: default!(Option<Interval>, "NULL"),
+    scope: default!(Option<&str>, "'default'"),
+    token: default!(Option<i64>, "NULL"),
+) -> Ts {
+    let k = args::key(key, scope);
+    let ttl = args::ttl(ttl);
+    let token = args::token(token);
+    ts(records::heartbeat(k, ttl, token))
+}
+
+#[pg_extern(security_definer, volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn idem_once(key: Option<&str>, scope: default!(Option<&str>, "'default'")) -> bool {
+    records::once(args::key(key, scope))
+}
+
+#[pg_extern(security_definer, volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn idem_status(
+    key: Option<&str>,
+    scope: default!(Option<&str>, "'default'"),
+) -> TableIterator<
+    'static,
+    (
+        name!(status, String),
+        name!(attempts, i32),
+        name!(token, Option<i64>),
+        name!(payload, Option<JsonB>),
+        name!(error, Option<JsonB>),
+        name!(created_at, Ts),
+        name!(updated_at, Ts),
+        name!(expires_at, Option<Ts>),
+    ),
+> {
+    let k = args::key(key, scope);
+    let rows = records::status(k).map(|r| {
+        (r.status, r.attempts, r.token, r.payload, r.error, ts(r.created_at), ts(r.updated_at), r.expires_at.map(ts))
+    });
+    TableIterator::new(rows)
+}

@@ -1,0 +1,17 @@
+//! Partition upkeep callable from SQL, for CREATE EXTENSION and for DBAs.
+use pgrx::prelude::*;
+
+#[pg_schema]
+mod idempotency {
+    use crate::storage::{partitions, spi::Conn};
+    use pgrx::prelude::*;
+
+    /// Creates the partitions missing from `as_of`'s slot to `idempotency.premake` intervals ahead.
+    #[pg_extern(volatile, parallel_unsafe)]
+    #[search_path(pg_catalog, pg_temp)]
+    fn premake_partitions(as_of: default!(Option<TimestampWithTimeZone>, "now()")) -> i32 {
+        let as_of = as_of.unwrap_or_else(|| crate::errors::null_argument("as_of"));
+        let conn = Conn::open();
+        partitions::create_missing(&conn, as_of.into_inner())
+    }
+}

@@ -1,0 +1,70 @@
+//! Every error the API raises, with its SQLSTATE. The README's SQLSTATE table documents these.
+use pgrx::prelude::*;
+use pgrx::pg_sys::panic::ErrorReport;
+use pgrx::PgSqlErrorCode as Code;
+
+fn raise(code: Code, message: String, hint: Option<&str>) -> ! {
+    let mut report = ErrorReport::new(code, message, "");
+    if let Some(hint) = hint {
+        report = report.set_hint(hint);
+    }
+    report.report(PgLogLevel::ERROR);
+    unreachable!("ERROR does not return")
+}
+
+/// 22004: a required argument is NULL.
+pub fn null_argument(name: &str) -> ! {
+    raise(Code::ERRCODE_NULL_VALUE_NOT_ALLOWED, format!("idempotency: {name} must not be NULL"), None)
+}
+
+/// 22023: an argument has a value the API does not accept.
+pub fn invalid(message: String) -> ! {
+    raise(Code::ERRCODE_INVALID_PARAMETER_VALUE, format!("idempotency: {message}"), None)
+}
+
+/// 54000: a key, scope or document is over its configured limit.
+pub fn too_large(what: &str, bytes: usize, limit: usize, guc: &str) -> ! {
+    raise(
+        Code::ERRCODE_PROGRAM_LIMIT_EXCEEDED,
+        format!("idempotency: {what} is {bytes} bytes, over the limit of {limit}"),
+        Some(&format!("The limit is set by {guc}.")),
+    )
+}
+
+/// P0002: the key has no record.
+pub fn unknown_key(scope: &str, key: &str) -> ! {
+    raise(
+        Code::ERRCODE_NO_DATA_FOUND,
+        format!("idempotency: key {key:?} in scope {scope:?} does not exist"),
+        Some("Claim the key with idem_claim first; a claim made in a rolled-back transaction leaves no record."),
+    )
+}
+
+/// 55000: the key is already completed or failed.
+pub fn already_terminal(scope: &str, key: &str, status: &str) -> ! {
+    raise(
+        Code::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        format!("idempotency: key {key:?} in scope {scope:?} is already {status}"),
+        None,
+    )
+}
+
+/// 55006: the caller does not hold the key's lease (any more).
+pub fn lease_lost(scope: &str, key: &str, why: &str) -> ! {
+    raise(
+        Code::ERRCODE_OBJECT_IN_USE,
+        format!("idempotency: lease lost on key {key:?} in scope {scope:?}: {why}"),
+        Some("Another consumer owns this key now; abandon this attempt without side effects."),
+    )
+}
+
+/// 40001: the key was written by a transaction this snapshot cannot see.
+pub fn serialization_failure(scope: &str, key: &str) -> ! {
+    raise(
+        Code::ERRCODE_T_R_SERIALIZATION_FAILURE,
+        format!(
+            "idempotency: could not serialize access to key {key:?} in scope {scope:?} due to a concurrent claim"
+        ),
+        Some("The transaction should be retried."),
+    )
+}

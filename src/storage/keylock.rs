@@ -1,0 +1,47 @@
+//! The per-key lock that makes `(scope, key)` unique across partitions.
+//!
+//! A partitioned table cannot have a unique index on `(scope, key)` unless it includes the
+//! partition column, so two partitions could each get the same key. Every writer of a key
+//! therefore first takes a transaction-scoped advisory lock on a 64-bit hash of it, in a lock
+//! namespace of our own (`objsubid = 18756` in `pg_locks`) so that it never meets the
+//! application's own advisory locks. A hash collision only makes two keys wait for each other.
+use pgrx::pg_sys;
+use std::hash::{DefaultHasher, Hash, Hasher};
+
+/// `locktag_field4` of our advisory locks ("ID").
+pub const LOCK_NAMESPACE: u16 = 0x4944;
+/// `locktag_field4` of the lock that serializes partition creation.
+const PARTITION_LOCK_NAMESPACE: u16 = 0x4945;
+
+fn hash_key(scope: &str, key: &str) -> u64 {
+    // DefaultHasher::new() is deterministic within one build, which is all backends here.
+    let mut h = DefaultHasher::new();
+    scope.hash(&mut h);
+    key.hash(&mut h);
+    h.finish()
+}
+
+fn acquire(hash: u64, namespace: u16, wait: bool) -> bool {
+    let tag = pg_sys::LOCKTAG {
+        locktag_field1: unsafe { pg_sys::MyDatabaseId }.to_u32(),
+        locktag_field2: (hash >> 32) as u32,
+        locktag_field3: hash as u32,
+        locktag_field4: namespace,
+        locktag_type: pg_sys::LockTagType::LOCKTAG_ADVISORY as u8,
+        locktag_lockmethodid: pg_sys::USER_LOCKMETHOD as u8,
+    };
+    let result = unsafe { pg_sys::LockAcquire(&tag, pg_sys::ExclusiveLock as i32, false, !wait) };
+    result != pg_sys::LockAcquireResult::LOCKACQUIRE_NOT_AVAIL
+}
+
+/// Locks `(scope, key)` until the end of the transaction. With `wait = false` returns false at
+/// once when another transaction holds it; with `wait = true` waits (subject to `lock_timeout`
+/// and deadlock detection) and returns true.
+pub fn lock_key(scope: &str, key: &str, wait: bool) -> bool {
+    acquire(hash_key(scope, key), LOCK_NAMESPACE, wait)
+}
+
+/// Serializes backends that create partitions, until the end of the transaction.
+pub fn lock_partition_creation() {
+    acquire(0, PARTITION_LOCK_NAMESPACE, true);
+}

@@ -1,0 +1,5 @@
+//! Storage: the record table behind the API, reached through SPI with saved plans.
+pub mod keylock;
+pub mod partitions;
+pub mod records;
+pub mod spi;

@@ -1,0 +1,388 @@
+//! The record table and the state machine of one key.
+//!
+//! Every writer of a key first locks it (see [`keylock`]), then reads its record under the
+//! latest snapshot, so the read sees what the previous lock holder committed. Under REPEATABLE
+//! READ and SERIALIZABLE a record the transaction's own snapshot cannot see means a concurrent
+//! transaction got there first: that is a serialization failure, never a second claim.
+use super::keylock;
+use super::partitions;
+use super::spi::{arg, Conn, Rows, Snap, Stmt};
+use crate::errors;
+use crate::gucs;
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use pgrx::JsonB;
+
+const T_TEXT: pg_sys::Oid = pg_sys::TEXTOID;
+const T_TS: pg_sys::Oid = pg_sys::TIMESTAMPTZOID;
+const T_IVL: pg_sys::Oid = pg_sys::INTERVALOID;
+
+static LOOKUP: Stmt = Stmt {
+    sql: "SELECT status, token, attempts, fingerprint, created_at, expires_at, xmin, payload, error
+            FROM idempotency.records WHERE scope = $1 AND key = $2",
+    args: &[T_TEXT, T_TEXT],
+};
+static EXISTS: Stmt = Stmt {
+    sql: "SELECT xmin FROM idempotency.records WHERE scope = $1 AND key = $2",
+    args: &[T_TEXT, T_TEXT],
+};
+static STATUS: Stmt = Stmt {
+    sql: "SELECT status, attempts, token, payload, error, created_at, updated_at, expires_at
+            FROM idempotency.records WHERE scope = $1 AND key = $2",
+    args: &[T_TEXT, T_TEXT],
+};
+static INSERT_CLAIM: Stmt = Stmt {
+    sql: "INSERT INTO idempotency.records
+                 (scope, key, status, token, attempts, fingerprint, created_at, updated_at, expires_at)
+          VALUES ($1, $2, 'pending', nextval('idempotency.token_seq'), 1, $3, now(), clock_timestamp(),
+                  clock_timestamp() + $4)
+          RETURNING token, expires_at",
+    args: &[T_TEXT, T_TEXT, T_TEXT, T_IVL],
+};
+static INSERT_ONCE: Stmt = Stmt {
+    sql: "INSERT INTO idempotency.records (scope, key, status, attempts, created_at, updated_at)
+          VALUES ($1, $2, 'completed', 1, now(), now())",
+    args: &[T_TEXT, T_TEXT],
+};
+// The updates name the row's created_at so that only its own partition is searched.
+static TAKE_OVER: Stmt = Stmt {
+    sql: "UPDATE idempotency.records
+             SET status = 'pending', token = nextval('idempotency.token_seq'), attempts = attempts + 1,
+                 fingerprint = coalesce(fingerprint, $4), updated_at = clock_timestamp(),
+                 expires_at = clock_timestamp() + $5
+           WHERE scope = $1 AND key = $2 AND created_at = $3
+          RETURNING token, attempts, expires_at",
+    args: &[T_TEXT, T_TEXT, T_TS, T_TEXT, T_IVL],
+};
+static MARK_FAILED: Stmt = Stmt {
+    sql: "UPDATE idempotency.records
+             SET status = 'failed', error = $4::jsonb, updated_at = clock_timestamp(), expires_at = NULL
+           WHERE scope = $1 AND key = $2 AND created_at = $3",
+    args: &[T_TEXT, T_TEXT, T_TS, T_TEXT],
+};
+static RELEASE: Stmt = Stmt {
+    sql: "UPDATE idempotency.records
+             SET token = NULL, error = $4::jsonb, updated_at = clock_timestamp(), expires_at = clock_timestamp()
+           WHERE scope = $1 AND key = $2 AND created_at = $3",
+    args: &[T_TEXT, T_TEXT, T_TS, T_TEXT],
+};
+static COMPLETE: Stmt = Stmt {
+    sql: "UPDATE idempotency.records
+             SET status = 'completed', payload = $4::jsonb, updated_at = clock_timestamp(), expires_at = NULL
+           WHERE scope = $1 AND key = $2 AND created_at = $3",
+    args: &[T_TEXT, T_TEXT, T_TS, T_TEXT],
+};
+static HEARTBEAT: Stmt = Stmt {
+    sql: "UPDATE idempotency.records
+             SET expires_at = clock_timestamp() + $4, updated_at = clock_timestamp()
+           WHERE scope = $1 AND key = $2 AND created_at = $3
+          RETURNING expires_at",
+    args: &[T_TEXT, T_TEXT, T_TS, T_IVL],
+};
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Status {
+    Pending,
+    Completed,
+    Failed,
+}
+
+impl Status {
+    fn parse(s: &str) -> Status {
+        match s {
+            "pending" => Status::Pending,
+            "completed" => Status::Completed,
+            "failed" => Status::Failed,
+            other => panic!("unexpected status {other:?} in idempotency.records"),
+        }
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Pending => "pending",
+            Status::Completed => "completed",
+            Status::Failed => "failed",
+        }
+    }
+}
+
+/// One key's record as the latest snapshot sees it.
+struct Record {
+    status: Status,
+    token: Option<i64>,
+    attempts: i32,
+    fingerprint: Option<String>,
+    created_at: pg_sys::TimestampTz,
+    expires_at: Option<pg_sys::TimestampTz>,
+    xmin: pg_sys::TransactionId,
+    /// The stored payload for `completed`, the stored error otherwise (read only when needed).
+    document: Option<JsonB>,
+}
+
+impl Record {
+    fn written_by_this_transaction(&self) -> bool {
+        unsafe { pg_sys::TransactionIdIsCurrentTransactionId(self.xmin) }
+    }
+    fn lease_is_live(&self) -> bool {
+        self.token.is_some() && self.expires_at.is_some_and(|e| e > unsafe { pg_sys::GetCurrentTimestamp() })
+    }
+}
+
+/// Identifies one key.
+#[derive(Clone, Copy)]
+pub struct Key<'a> {
+    pub scope: &'a str,
+    pub key: &'a str,
+}
+
+impl Key<'_> {
+    fn args(&self) -> [Option<pg_sys::Datum>; 2] {
+        [arg(self.scope), arg(self.key)]
+    }
+}
+
+/// Under REPEATABLE READ and SERIALIZABLE, a row version written by a transaction that the
+/// transaction snapshot does not see was written concurrently: raise 40001.
+fn check_snapshot_sees(k: Key, xmin: pg_sys::TransactionId) {
+    unsafe {
+        if pg_sys::XactIsoLevel < pg_sys::XACT_REPEATABLE_READ as i32 {
+            return;
+        }
+        if pg_sys::TransactionIdIsCurrentTransactionId(xmin) {
+            return;
+        }
+        if pg_sys::XidInMVCCSnapshot(xmin, pg_sys::GetTransactionSnapshot()) {
+            errors::serialization_failure(k.scope, k.key);
+        }
+    }
+}
+
+fn lookup(conn: &Conn, k: Key) -> Option<Record> {
+    let rows = conn.run(&LOOKUP, &k.args(), Snap::Latest);
+    if rows.len() == 0 {
+        return None;
+    }
+    let xmin: pg_sys::TransactionId = rows.get(0, 7).expect("xmin");
+    check_snapshot_sees(k, xmin);
+    let status = Status::parse(&rows.get::<String>(0, 1).expect("status"));
+    let document_col = if status == Status::Completed { 8 } else { 9 };
+    Some(Record {
+        status,
+        token: rows.get(0, 2),
+        attempts: rows.get(0, 3).expect("attempts"),
+        fingerprint: rows.get(0, 4),
+        created_at: rows.get_ts(0, 5).expect("created_at"),
+        expires_at: rows.get_ts(0, 6),
+        xmin,
+        document: if status == Status::Pending { None } else { rows.get(0, document_col) },
+    })
+}
+
+fn ts_arg(ts: pg_sys::TimestampTz) -> Option<pg_sys::Datum> {
+    arg(TimestampWithTimeZone::try_from(ts).expect("valid timestamp"))
+}
+
+fn expect_one(rows: &Rows, what: &str) {
+    if rows.len() != 1 {
+        panic!("idempotency: {what} touched {} rows instead of 1", rows.len());
+    }
+}
+
+pub enum Outcome {
+    Claimed,
+    Completed,
+    InProgress,
+    Failed,
+    Mismatch,
+}
+
+impl Outcome {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Outcome::Claimed => "claimed",
+            Outcome::Completed => "completed",
+            Outcome::InProgress => "in_progress",
+            Outcome::Failed => "failed",
+            Outcome::Mismatch => "mismatch",
+        }
+    }
+}
+
+pub struct Claim {
+    pub outcome: Outcome,
+    pub token: Option<i64>,
+    pub attempts: Option<i32>,
+    pub payload: Option<JsonB>,
+    pub expires_at: Option<pg_sys::TimestampTz>,
+}
+
+fn report(outcome: Outcome, rec: Record) -> Claim {
+    let token = if matches!(outcome, Outcome::Completed) { rec.token } else { None };
+    let expires_at = if matches!(outcome, Outcome::InProgress) { rec.expires_at } else { None };
+    Claim { outcome, token, attempts: Some(rec.attempts), payload: rec.document, expires_at }
+}
+
+/// The answer for a key that is already settled, whoever holds its lock.
+fn settled(rec: Record, fingerprint: Option<&str>) -> Result<Claim, Record> {
+    if let (Some(stored), Some(given)) = (rec.fingerprint.as_deref(), fingerprint) {
+        if stored != given {
+            return Ok(Claim { outcome: Outcome::Mismatch, token: None, attempts: Some(rec.attempts), payload: None, expires_at: None });
+        }
+    }
+    match rec.status {
+        Status::Completed => Ok(report(Outcome::Completed, rec)),
+        Status::Failed => Ok(report(Outcome::Failed, rec)),
+        Status::Pending => Err(rec),
+    }
+}
+
+pub fn claim(k: Key, ttl: Interval, fingerprint: Option<&str>, wait: bool) -> Claim {
+    let conn = Conn::open();
+    partitions::ensure_covered(&conn, unsafe { pg_sys::GetCurrentTransactionStartTimestamp() });
+    let locked = keylock::lock_key(k.scope, k.key, wait);
+    let Some(rec) = lookup(&conn, k) else {
+        if !locked {
+            return Claim { outcome: Outcome::InProgress, token: None, attempts: None, payload: None, expires_at: None };
+        }
+        let rows = conn.run(&INSERT_CLAIM, &[arg(k.scope), arg(k.key), arg(fingerprint), arg(ttl)], Snap::Statement);
+        expect_one(&rows, "claim");
+        return Claim {
+            outcome: Outcome::Claimed,
+            token: rows.get(0, 1),
+            attempts: Some(1),
+            payload: None,
+            expires_at: rows.get_ts(0, 2),
+        };
+    };
+    let rec = match settled(rec, fingerprint) {
+        Ok(answer) => return answer,
+        Err(pending) => pending,
+    };
+    if !locked || rec.lease_is_live() {
+        return report(Outcome::InProgress, rec);
+    }
+    let [scope, key] = k.args();
+    if rec.attempts >= gucs::max_attempts() {
+        // A message whose consumer dies every time: stop handing it out.
+        let error = serde_json::json!({
+            "error": "max_attempts_exceeded",
+            "attempts": rec.attempts,
+            "last_error": rec.document.as_ref().map(|d| &d.0),
+        });
+        let text = error.to_string();
+        let rows = conn.run(&MARK_FAILED, &[scope, key, ts_arg(rec.created_at), arg(text.as_str())], Snap::Statement);
+        expect_one(&rows, "mark failed");
+        return Claim { outcome: Outcome::Failed, token: None, attempts: Some(rec.attempts), payload: Some(JsonB(error)), expires_at: None };
+    }
+    let rows = conn.run(
+        &TAKE_OVER,
+        &[scope, key, ts_arg(rec.created_at), arg(fingerprint), arg(ttl)],
+        Snap::Statement,
+    );
+    expect_one(&rows, "take over");
+    Claim {
+        outcome: Outcome::Claimed,
+        token: rows.get(0, 1),
+        attempts: rows.get(0, 2),
+        payload: None,
+        expires_at: rows.get_ts(0, 3),
+    }
+}
+
+/// Locks the key and returns its record if the caller holds its lease: either `token` is the
+/// current token, or no token is given and this transaction made the claim.
+fn held(conn: &Conn, k: Key, token: Option<i64>) -> Record {
+    keylock::lock_key(k.scope, k.key, true);
+    let Some(rec) = lookup(conn, k) else { errors::unknown_key(k.scope, k.key) };
+    if rec.status != Status::Pending {
+        errors::already_terminal(k.scope, k.key, rec.status.as_str());
+    }
+    match (rec.token, token) {
+        (None, _) => errors::lease_lost(k.scope, k.key, "the key was released after a retryable failure"),
+        (Some(current), Some(given)) if current != given => {
+            errors::lease_lost(k.scope, k.key, &format!("token {given} is not the current holder's"))
+        }
+        (Some(_), None) if !rec.written_by_this_transaction() => errors::lease_lost(
+            k.scope,
+            k.key,
+            "no token given and the claim was made by another transaction",
+        ),
+        _ => rec,
+    }
+}
+
+pub fn complete(k: Key, payload: Option<&str>, token: Option<i64>) {
+    let conn = Conn::open();
+    let rec = held(&conn, k, token);
+    let [scope, key] = k.args();
+    let rows = conn.run(&COMPLETE, &[scope, key, ts_arg(rec.created_at), arg(payload)], Snap::Statement);
+    expect_one(&rows, "complete");
+}
+
+/// Records a failure; returns the status the key is left in: "released" or "failed".
+pub fn fail(k: Key, error: Option<&str>, retryable: bool, token: Option<i64>) -> &'static str {
+    let conn = Conn::open();
+    let rec = held(&conn, k, token);
+    let [scope, key] = k.args();
+    let terminal = !retryable || rec.attempts >= gucs::max_attempts();
+    let stmt = if terminal { &MARK_FAILED } else { &RELEASE };
+    let rows = conn.run(stmt, &[scope, key, ts_arg(rec.created_at), arg(error)], Snap::Statement);
+    expect_one(&rows, "fail");
+    if terminal {
+        "failed"
+    } else {
+        "released"
+    }
+}
+
+pub fn heartbeat(k: Key, ttl: Interval, token: Option<i64>) -> pg_sys::TimestampTz {
+    let conn = Conn::open();
+    let rec = held(&conn, k, token);
+    let [scope, key] = k.args();
+    let rows = conn.run(&HEARTBEAT, &[scope, key, ts_arg(rec.created_at), arg(ttl)], Snap::Statement);
+    expect_one(&rows, "heartbeat");
+    rows.get_ts(0, 1).expect("expires_at")
+}
+
+/// True exactly once per key over all committed transactions.
+pub fn once(k: Key) -> bool {
+    let conn = Conn::open();
+    partitions::ensure_covered(&conn, unsafe { pg_sys::GetCurrentTransactionStartTimestamp() });
+    keylock::lock_key(k.scope, k.key, true);
+    let rows = conn.run(&EXISTS, &k.args(), Snap::Latest);
+    if rows.len() > 0 {
+        check_snapshot_sees(k, rows.get(0, 1).expect("xmin"));
+        return false;
+    }
+    let rows = conn.run(&INSERT_ONCE, &k.args(), Snap::Statement);
+    expect_one(&rows, "once");
+    true
+}
+
+pub struct StatusRow {
+    pub status: String,
+    pub attempts: i32,
+    pub token: Option<i64>,
+    pub payload: Option<JsonB>,
+    pub error: Option<JsonB>,
+    pub created_at: pg_sys::TimestampTz,
+    pub updated_at: pg_sys::TimestampTz,
+    pub expires_at: Option<pg_sys::TimestampTz>,
+}
+
+pub fn status(k: Key) -> Option<StatusRow> {
+    let conn = Conn::open();
+    let rows = conn.run(&STATUS, &k.args(), Snap::Statement);
+    if rows.len() == 0 {
+        return None;
+    }
+    Some(StatusRow {
+        status: rows.get(0, 1).expect("status"),
+        attempts: rows.get(0, 2).expect("attempts"),
+        token: rows.get(0, 3),
+        payload: rows.get(0, 4),
+        error: rows.get(0, 5),
+        created_at: rows.get_ts(0, 6).expect("created_at"),
+        updated_at: rows.get_ts(0, 7).expect("updated_at"),
+        expires_at: rows.get_ts(0, 8),
+    })
+}

@@ -1,0 +1,167 @@
+//! A thin layer over SPI with plans prepared once per backend.
+//!
+//! pgrx's `Spi` client decides on its own whether a statement runs read-only, and it cannot run a
+//! statement under a snapshot of our choosing. The record lookups need exactly that: after waiting
+//! for a key's lock they must see what the previous holder committed, even under REPEATABLE READ,
+//! so they run under the latest snapshot (as PostgreSQL's foreign-key checks do).
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ffi::CString;
+
+/// One SQL statement with its parameter types; its plan is prepared on first use and kept.
+pub struct Stmt {
+    pub sql: &'static str,
+    pub args: &'static [pg_sys::Oid],
+}
+
+thread_local! {
+    static PLANS: RefCell<HashMap<usize, pg_sys::SPIPlanPtr>> = RefCell::new(HashMap::new());
+}
+
+/// Which snapshot a statement reads with.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Snap {
+    /// What a plain statement in a VOLATILE function sees: a new snapshot per statement under
+    /// READ COMMITTED, the transaction snapshot under REPEATABLE READ and SERIALIZABLE.
+    Statement,
+    /// The newest committed state, whatever the isolation level.
+    Latest,
+}
+
+/// An open SPI connection; closed when dropped. On an ERROR, PostgreSQL's own (sub)transaction
+/// abort closes it, so it is left alone while unwinding.
+pub struct Conn(());
+
+impl Conn {
+    pub fn open() -> Conn {
+        let rc = unsafe { pg_sys::SPI_connect() };
+        if rc < 0 {
+            panic!("SPI_connect failed: {rc}");
+        }
+        Conn(())
+    }
+
+    fn plan(&self, stmt: &'static Stmt) -> pg_sys::SPIPlanPtr {
+        let id = stmt as *const Stmt as usize;
+        if let Some(plan) = PLANS.with(|p| p.borrow().get(&id).copied()) {
+            return plan;
+        }
+        let sql = CString::new(stmt.sql).expect("statement text has no NUL");
+        let mut types = stmt.args.to_vec();
+        let plan = unsafe {
+            let plan = pg_sys::SPI_prepare(sql.as_ptr(), types.len() as i32, types.as_mut_ptr());
+            if plan.is_null() {
+                let code = pg_sys::SPI_result;
+                panic!("SPI_prepare failed ({code}) for: {}", stmt.sql);
+            }
+            pg_sys::SPI_keepplan(plan);
+            plan
+        };
+        PLANS.with(|p| p.borrow_mut().insert(id, plan));
+        plan
+    }
+
+    /// Runs a saved statement with the given arguments (already converted to datums).
+    pub fn run(&self, stmt: &'static Stmt, args: &[Option<pg_sys::Datum>], snap: Snap) -> Rows<'_> {
+        assert_eq!(args.len(), stmt.args.len(), "argument count of: {}", stmt.sql);
+        let plan = self.plan(stmt);
+        let mut values: Vec<pg_sys::Datum> =
+            args.iter().map(|a| a.unwrap_or(pg_sys::Datum::from(0usize))).collect();
+        let nulls: Vec<std::os::raw::c_char> =
+            args.iter().map(|a| if a.is_some() { b' ' } else { b'n' } as std::os::raw::c_char).collect();
+        let rc = unsafe {
+            match snap {
+                Snap::Statement => {
+                    pg_sys::SPI_execute_plan(plan, values.as_mut_ptr(), nulls.as_ptr(), false, 0)
+                }
+                Snap::Latest => pg_sys::SPI_execute_snapshot(
+                    plan,
+                    values.as_mut_ptr(),
+                    nulls.as_ptr(),
+                    pg_sys::GetLatestSnapshot(),
+                    std::ptr::null_mut(),
+                    false,
+                    false,
+                    0,
+                ),
+            }
+        };
+        if rc < 0 {
+            panic!("SPI execution failed ({rc}) for: {}", stmt.sql);
+        }
+        Rows::current(self)
+    }
+
+    /// Runs a one-off utility statement (DDL built at run time).
+    pub fn execute(&self, sql: &str) {
+        let sql = CString::new(sql).expect("statement text has no NUL");
+        let rc = unsafe { pg_sys::SPI_execute(sql.as_ptr(), false, 0) };
+        if rc < 0 {
+            panic!("SPI_execute failed ({rc})");
+        }
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            unsafe {
+                pg_sys::SPI_finish();
+            }
+        }
+    }
+}
+
+/// The result of the last statement; values are copied out into Rust types.
+pub struct Rows<'c> {
+    table: *mut pg_sys::SPITupleTable,
+    len: usize,
+    _conn: std::marker::PhantomData<&'c Conn>,
+}
+
+impl<'c> Rows<'c> {
+    fn current(_conn: &'c Conn) -> Rows<'c> {
+        unsafe {
+            let table = pg_sys::SPI_tuptable;
+            let len = pg_sys::SPI_processed as usize;
+            Rows { table, len, _conn: std::marker::PhantomData }
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    fn raw(&self, row: usize, col: usize) -> Option<pg_sys::Datum> {
+        assert!(row < self.len && !self.table.is_null(), "row {row} out of range");
+        let mut isnull = false;
+        let datum = unsafe {
+            let table = &*self.table;
+            let tuple = *table.vals.add(row);
+            pg_sys::SPI_getbinval(tuple, table.tupdesc, col as i32, &mut isnull)
+        };
+        if isnull {
+            None
+        } else {
+            Some(datum)
+        }
+    }
+
+    /// Column `col` (1-based) of row `row` (0-based), copied into `T`.
+    pub fn get<T: FromDatum>(&self, row: usize, col: usize) -> Option<T> {
+        let datum = self.raw(row, col)?;
+        unsafe { T::from_datum(datum, false) }
+    }
+
+    /// A timestamptz column as PostgreSQL's microseconds since 2000-01-01.
+    pub fn get_ts(&self, row: usize, col: usize) -> Option<pg_sys::TimestampTz> {
+        self.raw(row, col).map(|d| d.value() as i64)
+    }
+}
+
+/// Converts one argument to a datum in the current memory context.
+pub fn arg<T: IntoDatum>(value: T) -> Option<pg_sys::Datum> {
+    value.into_datum()
+}
