@@ -13,6 +13,7 @@ mod api;
 mod errors;
 mod gucs;
 mod storage;
+mod tests;
 
 pgrx::pg_module_magic!();
 

@@ -1,0 +1,117 @@
+//! Unit tests, each in its own rolled-back transaction (`cargo pgrx test`).
+#[cfg(any(test, feature = "pg_test"))]
+#[pgrx::pg_schema]
+mod tests {
+    use pgrx::prelude::*;
+
+    fn one<T: IntoDatum + FromDatum>(sql: &str) -> Option<T> {
+        Spi::get_one::<T>(sql).expect("query runs")
+    }
+
+    #[pg_test]
+    fn claim_then_complete_replays_payload() {
+        assert_eq!(one::<String>("SELECT outcome FROM idem_claim('u1')").as_deref(), Some("claimed"));
+        Spi::run(r#"SELECT idem_complete('u1', '{"amount": 12.10}')"#).unwrap();
+        assert_eq!(one::<String>("SELECT outcome FROM idem_claim('u1')").as_deref(), Some("completed"));
+        // Numbers survive exactly (no float round trip).
+        assert_eq!(
+            one::<String>("SELECT payload::text FROM idem_claim('u1')").as_deref(),
+            Some(r#"{"amount": 12.10}"#)
+        );
+    }
+
+    #[pg_test]
+    fn tokens_grow_with_each_claim() {
+        let first = one::<i64>("SELECT token FROM idem_claim('u2', ttl => '1 microsecond')").unwrap();
+        Spi::run("SELECT pg_sleep(0.01)").unwrap();
+        let second = one::<i64>("SELECT token FROM idem_claim('u2')").unwrap();
+        assert!(second > first, "{second} > {first}");
+        assert_eq!(one::<i32>("SELECT attempts FROM idem_status('u2')"), Some(2));
+    }
+
+    #[pg_test]
+    fn a_live_lease_is_in_progress() {
+        Spi::run("SELECT idem_claim('u3')").unwrap();
+        assert_eq!(one::<String>("SELECT outcome FROM idem_claim('u3')").as_deref(), Some("in_progress"));
+    }
+
+    #[pg_test]
+    fn fingerprint_mismatch() {
+        Spi::run("SELECT idem_claim('u4', fingerprint => 'a')").unwrap();
+        assert_eq!(
+            one::<String>("SELECT outcome FROM idem_claim('u4', fingerprint => 'b')").as_deref(),
+            Some("mismatch")
+        );
+    }
+
+    #[pg_test]
+    fn retryable_failures_end_terminal_at_max_attempts() {
+        Spi::run("SET LOCAL idempotency.max_attempts = 2").unwrap();
+        Spi::run("SELECT idem_claim('u5')").unwrap();
+        assert_eq!(one::<String>("SELECT idem_fail('u5', '{\"e\": 1}')").as_deref(), Some("released"));
+        assert_eq!(one::<String>("SELECT status FROM idem_status('u5')").as_deref(), Some("pending"));
+        assert_eq!(one::<String>("SELECT outcome FROM idem_claim('u5')").as_deref(), Some("claimed"));
+        assert_eq!(one::<String>("SELECT idem_fail('u5', '{\"e\": 2}')").as_deref(), Some("failed"));
+        assert_eq!(
+            one::<String>("SELECT outcome || ' ' || payload::text FROM idem_claim('u5')").as_deref(),
+            Some(r#"failed {"e": 2}"#)
+        );
+    }
+
+    #[pg_test]
+    fn once_is_true_once() {
+        assert_eq!(one::<bool>("SELECT idem_once('u6')"), Some(true));
+        assert_eq!(one::<bool>("SELECT idem_once('u6')"), Some(false));
+        assert_eq!(one::<bool>("SELECT idem_once('u6', 'other')"), Some(true));
+    }
+
+    #[pg_test]
+    fn scopes_are_separate() {
+        Spi::run("SELECT idem_claim('u7', scope => 's1')").unwrap();
+        assert_eq!(
+            one::<String>("SELECT outcome FROM idem_claim('u7', scope => 's2')").as_deref(),
+            Some("claimed")
+        );
+    }
+
+    #[pg_test]
+    fn partitions_cover_now_with_pg_partman_names() {
+        let name = one::<String>(
+            "SELECT c.relname::text FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+              WHERE i.inhparent = 'idempotency.records'::regclass ORDER BY c.relname LIMIT 1",
+        )
+        .unwrap();
+        assert!(name.starts_with("records_p") && name.len() == "records_p2026_01_01".len(), "{name}");
+        assert_eq!(one::<i32>("SELECT idempotency.premake_partitions(now())"), Some(0));
+        assert!(one::<i32>("SELECT idempotency.premake_partitions(now() + interval '30 days')").unwrap() > 0);
+    }
+
+    #[pg_test(error = "idempotency: key must not be NULL")]
+    fn null_key_is_an_error() {
+        Spi::run("SELECT idem_claim(NULL)").unwrap();
+    }
+
+    #[pg_test(error = "idempotency: ttl must be positive, got 00:00:00")]
+    fn zero_ttl_is_an_error() {
+        Spi::run("SELECT idem_claim('u8', ttl => '0 s')").unwrap();
+    }
+
+    #[pg_test(error = "idempotency: key \"u9\" in scope \"default\" does not exist")]
+    fn completing_an_unknown_key_is_an_error() {
+        Spi::run("SELECT idem_complete('u9')").unwrap();
+    }
+
+    #[pg_test(error = "idempotency: key \"u10\" in scope \"default\" is already completed")]
+    fn completing_twice_is_an_error() {
+        Spi::run("SELECT idem_claim('u10')").unwrap();
+        Spi::run("SELECT idem_complete('u10')").unwrap();
+        Spi::run("SELECT idem_complete('u10')").unwrap();
+    }
+
+    #[pg_test(error = "idempotency: payload is 15 bytes, over the limit of 10")]
+    fn oversized_payload_is_an_error() {
+        Spi::run("SET LOCAL idempotency.max_payload_bytes = 10").unwrap();
+        Spi::run("SELECT idem_claim('u11')").unwrap();
+        Spi::run(r#"SELECT idem_complete('u11', '{"k": "abcdefg"}')"#).unwrap();
+    }
+}
