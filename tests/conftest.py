@@ -1,0 +1,105 @@
+"""Fixtures for the multi-session tests.
+
+One throwaway PostgreSQL 15 cluster for the whole session, started through `scripts/cluster` on a
+port of its own (54332 unless IDEM_TEST_PORT says otherwise, so it never collides with the default
+cluster of the other scripts), one test database with the extension, stopped at the end.
+"""
+import os
+import pathlib
+import subprocess
+
+import psycopg
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PORT = int(os.environ.get("IDEM_TEST_PORT", "54332"))
+SOCKDIR = os.environ.get("IDEM_TEST_SOCKDIR", f"/tmp/idem-sock-{PORT}")
+PGDATA = os.environ.get("IDEM_TEST_PGDATA", f"/tmp/idem-data-{PORT}")
+DBNAME = "idem_multisession"
+
+# Extra postgresql.conf lines. None of them changes what the extension promises:
+# a short deadlock_timeout only makes the deadlock retries of the races cheap.
+SERVER_CONF = [
+    "deadlock_timeout = 100ms",
+    "synchronous_commit = off",
+]
+
+# Business tables of the tests. No unique constraints on purpose: a duplicate side effect must be
+# visible as a second row, never hidden by a constraint violation.
+TEST_TABLES = """
+CREATE TABLE race_effects (scope text NOT NULL, key text NOT NULL, worker int NOT NULL,
+                           token bigint, at timestamptz NOT NULL DEFAULT clock_timestamp());
+CREATE TABLE side_effects (scope text NOT NULL, key text NOT NULL, note text);
+CREATE TABLE lease_log    (scope text NOT NULL, key text NOT NULL, token bigint NOT NULL,
+                           worker int NOT NULL, claimed_at timestamptz NOT NULL,
+                           lease_end timestamptz NOT NULL, fate text NOT NULL DEFAULT 'holding');
+CREATE TABLE lease_effects (scope text NOT NULL, key text NOT NULL, token bigint NOT NULL,
+                            worker int NOT NULL);
+"""
+
+_FIGURES = []
+
+
+class Cluster:
+    """Where the test cluster is, and a way to open one session on it."""
+
+    host = SOCKDIR
+    port = PORT
+    dbname = DBNAME
+
+    def connect(self, dbname=None, statement_timeout_ms=60000, autocommit=True):
+        # Autocommit at the driver level: the tests send BEGIN / COMMIT / ROLLBACK themselves, so
+        # every transaction boundary is explicit and a lone statement is its own transaction.
+        return psycopg.connect(
+            host=self.host,
+            port=self.port,
+            user="postgres",
+            dbname=dbname or self.dbname,
+            autocommit=autocommit,
+            options=f"-c statement_timeout={int(statement_timeout_ms)}",
+        )
+
+
+def _cluster_env():
+    return dict(os.environ, IDEM_PORT=str(PORT), IDEM_SOCKDIR=SOCKDIR, IDEM_PGDATA=PGDATA)
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    script = str(ROOT / "scripts" / "cluster")
+    env = _cluster_env()
+    subprocess.run([script, "start", *SERVER_CONF], env=env, check=True)
+    try:
+        c = Cluster()
+        with c.connect(dbname="postgres") as admin:
+            admin.execute(f"CREATE DATABASE {DBNAME}")
+        with c.connect() as conn:
+            try:
+                conn.execute("CREATE EXTENSION idempotency")
+            except psycopg.Error as e:
+                pytest.fail(f"CREATE EXTENSION idempotency failed ({e.sqlstate}): {e}. "
+                            "Is the extension built and installed (scripts/build)?")
+            conn.execute(TEST_TABLES)
+        yield c
+    finally:
+        subprocess.run([script, "stop"], env=env, check=False)
+
+
+@pytest.fixture
+def report(request):
+    """report(text): print one line of a test's figures; they are also repeated in the summary."""
+
+    def _report(text):
+        line = f"{request.node.name}: {text}"
+        print(line)
+        _FIGURES.append(line)
+
+    return _report
+
+
+def pytest_terminal_summary(terminalreporter):
+    # Printed before pytest's own closing line, which stays the last line of the output.
+    if _FIGURES:
+        terminalreporter.section("idempotency multi-session figures")
+        for line in _FIGURES:
+            terminalreporter.write_line(line)
