@@ -28,3 +28,18 @@ CREATE INDEX records_scope_key_idx ON idempotency.records (scope, key);
 
 COMMENT ON SCHEMA idempotency IS 'Storage of the idempotency extension; use the idem_* functions, not these tables.';
 COMMENT ON TABLE idempotency.records IS 'Idempotency records, one per (scope, key), range-partitioned by created_at.';
+
+-- Broker positions: one row per (consumer_group, topic, partition), updated in the consumer's
+-- transaction. Never partitioned and never touched by retention. A low fillfactor leaves room
+-- on each page so that the frequent updates of the same rows stay HOT.
+CREATE TABLE idempotency.offsets (
+    consumer_group text COLLATE "C" NOT NULL,
+    topic          text COLLATE "C" NOT NULL,
+    partition      integer NOT NULL CHECK (partition >= 0),
+    next_offset    bigint NOT NULL CHECK (next_offset >= 0),
+    generation     bigint CHECK (generation >= 0),
+    updated_at     timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (consumer_group, topic, partition)
+) WITH (fillfactor = 50);
+
+COMMENT ON TABLE idempotency.offsets IS 'Consumer positions: next offset to read per (consumer_group, topic, partition).';

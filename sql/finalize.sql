@@ -9,23 +9,37 @@ BEGIN
 END
 $$;
 
-REVOKE ALL ON FUNCTION
-    idem_claim(text, interval, text, text, boolean),
-    idem_complete(text, jsonb, text, bigint),
-    idem_fail(text, jsonb, boolean, text, bigint),
-    idem_heartbeat(text, interval, text, bigint),
-    idem_once(text, text),
-    idem_status(text, text),
-    idempotency.premake_partitions(timestamptz)
-FROM PUBLIC;
+-- No function of the extension is executable by PUBLIC.
+DO $$
+DECLARE
+    f regprocedure;
+BEGIN
+    FOR f IN
+        SELECT d.objid::regprocedure
+          FROM pg_catalog.pg_depend d
+          JOIN pg_catalog.pg_extension e ON e.oid = d.refobjid
+         WHERE e.extname = 'idempotency' AND d.deptype = 'e'
+           AND d.classid = 'pg_catalog.pg_proc'::regclass
+    LOOP
+        EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', f);
+    END LOOP;
+END
+$$;
 
+-- What a consumer needs. (idem_reset_offset and idempotency.* stay with the owner: DBA moves.)
 GRANT EXECUTE ON FUNCTION
     idem_claim(text, interval, text, text, boolean),
     idem_complete(text, jsonb, text, bigint),
     idem_fail(text, jsonb, boolean, text, bigint),
     idem_heartbeat(text, interval, text, bigint),
     idem_once(text, text),
-    idem_status(text, text)
+    idem_status(text, text),
+    idem_claim_batch(text[], interval, text),
+    idem_complete_batch(text[], jsonb[], text, bigint[]),
+    idem_once_batch(text[], text),
+    idem_record_offset(text, text, integer, bigint, bigint),
+    idem_next_offset(text, text, integer),
+    idem_offsets(text, text)
 TO idempotency_consumer;
 
 COMMENT ON FUNCTION idem_claim(text, interval, text, text, boolean) IS
@@ -40,6 +54,20 @@ COMMENT ON FUNCTION idem_once(text, text) IS
 'True exactly once per (scope, key) over all committed transactions; records the key as completed in the caller''s transaction.';
 COMMENT ON FUNCTION idem_status(text, text) IS
 'The stored record of (scope, key): status, attempts, token, payload, error and timestamps; no row if unknown.';
+COMMENT ON FUNCTION idem_claim_batch(text[], interval, text) IS
+'Claims many keys of one scope in one call (one broker poll); one row per input key, in input order, with the same outcomes as idem_claim. Keys are locked in sorted order.';
+COMMENT ON FUNCTION idem_complete_batch(text[], jsonb[], text, bigint[]) IS
+'Completes many claimed keys; payloads and tokens, when given, pair with keys by position. All or nothing; returns the number completed.';
+COMMENT ON FUNCTION idem_once_batch(text[], text) IS
+'The keys of the batch seen for the first time over all committed transactions, each once, in input order; records them as completed.';
+COMMENT ON FUNCTION idem_record_offset(text, text, integer, bigint, bigint) IS
+'Stores processed_offset + 1 as the next offset of (consumer_group, topic, partition) in the caller''s transaction. False when processed_offset is not beyond the stored position (a duplicate). 55006 when generation is older than the stored one.';
+COMMENT ON FUNCTION idem_next_offset(text, text, integer) IS
+'Where to seek on restart: last processed offset + 1, or NULL when nothing is stored.';
+COMMENT ON FUNCTION idem_offsets(text, text) IS
+'Stored positions of a consumer group (optionally one topic), for the startup seek.';
+COMMENT ON FUNCTION idem_reset_offset(text, text, integer, bigint) IS
+'Sets the next offset of (consumer_group, topic, partition), backwards or forwards. For DBAs; not granted to idempotency_consumer.';
 COMMENT ON FUNCTION idempotency.premake_partitions(timestamptz) IS
 'Creates the missing partitions of idempotency.records from as_of to idempotency.premake intervals ahead; returns how many.';
 

@@ -68,3 +68,19 @@ pub fn serialization_failure(scope: &str, key: &str) -> ! {
         Some("The transaction should be retried."),
     )
 }
+
+/// 22003: a number that cannot be stored.
+pub fn out_of_range(name: &str, value: i64) -> ! {
+    raise(Code::ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE, format!("idempotency: {name} {value} is out of range"), None)
+}
+
+/// 55006: a consumer of an older group generation (a zombie) tried to move an offset.
+pub fn fenced(group: &str, topic: &str, partition: i32, given: i64, stored: i64) -> ! {
+    raise(
+        Code::ERRCODE_OBJECT_IN_USE,
+        format!(
+            "idempotency: consumer fenced on group {group:?} topic {topic:?} partition {partition}: generation {given} is older than the stored generation {stored}"
+        ),
+        Some("A newer member of the consumer group owns this partition; abandon this transaction."),
+    )
+}

@@ -1,5 +1,7 @@
 //! The SQL-facing functions. Each one checks its arguments (so bad input is rejected before
 //! anything is written) and hands over to [`crate::storage`].
 mod args;
+mod batch;
 mod keys;
+mod offsets;
 mod partitions;

@@ -12,15 +12,43 @@ use crate::gucs;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use pgrx::JsonB;
+use std::collections::HashMap;
 
 const T_TEXT: pg_sys::Oid = pg_sys::TEXTOID;
 const T_TS: pg_sys::Oid = pg_sys::TIMESTAMPTZOID;
 const T_IVL: pg_sys::Oid = pg_sys::INTERVALOID;
+const T_TEXT_ARRAY: pg_sys::Oid = pg_sys::TEXTARRAYOID;
 
 static LOOKUP: Stmt = Stmt {
     sql: "SELECT status, token, attempts, fingerprint, created_at, expires_at, xmin, payload, error
             FROM idempotency.records WHERE scope = $1 AND key = $2",
     args: &[T_TEXT, T_TEXT],
+};
+static LOOKUP_MANY: Stmt = Stmt {
+    sql: "SELECT status, token, attempts, fingerprint, created_at, expires_at, xmin, payload, error, key
+            FROM idempotency.records WHERE scope = $1 AND key = ANY($2)",
+    args: &[T_TEXT, T_TEXT_ARRAY],
+};
+static INSERT_CLAIMS: Stmt = Stmt {
+    sql: "INSERT INTO idempotency.records
+                 (scope, key, status, token, attempts, created_at, updated_at, expires_at)
+          SELECT $1, k, 'pending', nextval('idempotency.token_seq'), 1, now(), clock_timestamp(),
+                 clock_timestamp() + $3
+            FROM unnest($2::text[]) AS k
+          RETURNING key, token, expires_at",
+    args: &[T_TEXT, T_TEXT_ARRAY, T_IVL],
+};
+static INSERT_ONCES: Stmt = Stmt {
+    sql: "INSERT INTO idempotency.records (scope, key, status, attempts, created_at, updated_at)
+          SELECT $1, k, 'completed', 1, now(), now() FROM unnest($2::text[]) AS k",
+    args: &[T_TEXT, T_TEXT_ARRAY],
+};
+static COMPLETE_MANY: Stmt = Stmt {
+    sql: "UPDATE idempotency.records r
+             SET status = 'completed', payload = u.p::jsonb, updated_at = clock_timestamp(), expires_at = NULL
+            FROM unnest($2::text[], $3::text[]) AS u(k, p)
+           WHERE r.scope = $1 AND r.key = u.k",
+    args: &[T_TEXT, T_TEXT_ARRAY, T_TEXT_ARRAY],
 };
 static EXISTS: Stmt = Stmt {
     sql: "SELECT xmin FROM idempotency.records WHERE scope = $1 AND key = $2",
@@ -156,25 +184,53 @@ fn check_snapshot_sees(k: Key, xmin: pg_sys::TransactionId) {
     }
 }
 
+impl Record {
+    /// Reads row `i` of a LOOKUP-shaped result (status .. error in columns 1..9).
+    fn from_row(rows: &Rows, i: usize, k: Key) -> Record {
+        let xmin: pg_sys::TransactionId = rows.get(i, 7).expect("xmin");
+        check_snapshot_sees(k, xmin);
+        let status = Status::parse(&rows.get::<String>(i, 1).expect("status"));
+        let document_col = if status == Status::Completed { 8 } else { 9 };
+        Record {
+            status,
+            token: rows.get(i, 2),
+            attempts: rows.get(i, 3).expect("attempts"),
+            fingerprint: rows.get(i, 4),
+            created_at: rows.get_ts(i, 5).expect("created_at"),
+            expires_at: rows.get_ts(i, 6),
+            xmin,
+            document: if status == Status::Pending { None } else { rows.get(i, document_col) },
+        }
+    }
+}
+
 fn lookup(conn: &Conn, k: Key) -> Option<Record> {
     let rows = conn.run(&LOOKUP, &k.args(), Snap::Latest);
-    if rows.len() == 0 {
-        return None;
+    (rows.len() > 0).then(|| Record::from_row(&rows, 0, k))
+}
+
+/// The records of several keys of one scope, by key.
+fn lookup_many(conn: &Conn, scope: &str, keys: &[&str]) -> HashMap<String, Record> {
+    let rows = conn.run(&LOOKUP_MANY, &[arg(scope), arg(keys.to_vec())], Snap::Latest);
+    (0..rows.len())
+        .map(|i| {
+            let key: String = rows.get(i, 10).expect("key");
+            let rec = Record::from_row(&rows, i, Key { scope, key: &key });
+            (key, rec)
+        })
+        .collect()
+}
+
+/// Locks several keys in a fixed (sorted) order, so two batches never deadlock on each other.
+/// Returns the distinct keys, sorted.
+fn lock_all<'a>(scope: &str, keys: &[&'a str]) -> Vec<&'a str> {
+    let mut distinct = keys.to_vec();
+    distinct.sort_unstable();
+    distinct.dedup();
+    for key in &distinct {
+        keylock::lock_key(scope, key, true);
     }
-    let xmin: pg_sys::TransactionId = rows.get(0, 7).expect("xmin");
-    check_snapshot_sees(k, xmin);
-    let status = Status::parse(&rows.get::<String>(0, 1).expect("status"));
-    let document_col = if status == Status::Completed { 8 } else { 9 };
-    Some(Record {
-        status,
-        token: rows.get(0, 2),
-        attempts: rows.get(0, 3).expect("attempts"),
-        fingerprint: rows.get(0, 4),
-        created_at: rows.get_ts(0, 5).expect("created_at"),
-        expires_at: rows.get_ts(0, 6),
-        xmin,
-        document: if status == Status::Pending { None } else { rows.get(0, document_col) },
-    })
+    distinct
 }
 
 fn ts_arg(ts: pg_sys::TimestampTz) -> Option<pg_sys::Datum> {
@@ -187,6 +243,7 @@ fn expect_one(rows: &Rows, what: &str) {
     }
 }
 
+#[derive(Clone, Copy)]
 pub enum Outcome {
     Claimed,
     Completed,
@@ -215,6 +272,24 @@ pub struct Claim {
     pub expires_at: Option<pg_sys::TimestampTz>,
 }
 
+impl Claim {
+    /// A copy of this answer; for a repeated occurrence of a key in one batch, the same answer
+    /// except that only the first occurrence owns the claim.
+    fn copy(&self, repeated: bool) -> Claim {
+        let (outcome, token) = match self.outcome {
+            Outcome::Claimed if repeated => (Outcome::InProgress, None),
+            other => (other, self.token),
+        };
+        Claim {
+            outcome,
+            token,
+            attempts: self.attempts,
+            payload: self.payload.as_ref().map(|p| JsonB(p.0.clone())),
+            expires_at: self.expires_at,
+        }
+    }
+}
+
 fn report(outcome: Outcome, rec: Record) -> Claim {
     let token = if matches!(outcome, Outcome::Completed) { rec.token } else { None };
     let expires_at = if matches!(outcome, Outcome::InProgress) { rec.expires_at } else { None };
@@ -239,20 +314,25 @@ pub fn claim(k: Key, ttl: Interval, fingerprint: Option<&str>, wait: bool) -> Cl
     let conn = Conn::open();
     partitions::ensure_covered(&conn, unsafe { pg_sys::GetCurrentTransactionStartTimestamp() });
     let locked = keylock::lock_key(k.scope, k.key, wait);
-    let Some(rec) = lookup(&conn, k) else {
-        if !locked {
-            return Claim { outcome: Outcome::InProgress, token: None, attempts: None, payload: None, expires_at: None };
+    match lookup(&conn, k) {
+        Some(rec) => claim_existing(&conn, k, rec, ttl, fingerprint, locked),
+        None if !locked => Claim { outcome: Outcome::InProgress, token: None, attempts: None, payload: None, expires_at: None },
+        None => {
+            let rows = conn.run(&INSERT_CLAIM, &[arg(k.scope), arg(k.key), arg(fingerprint), arg(ttl)], Snap::Statement);
+            expect_one(&rows, "claim");
+            Claim {
+                outcome: Outcome::Claimed,
+                token: rows.get(0, 1),
+                attempts: Some(1),
+                payload: None,
+                expires_at: rows.get_ts(0, 2),
+            }
         }
-        let rows = conn.run(&INSERT_CLAIM, &[arg(k.scope), arg(k.key), arg(fingerprint), arg(ttl)], Snap::Statement);
-        expect_one(&rows, "claim");
-        return Claim {
-            outcome: Outcome::Claimed,
-            token: rows.get(0, 1),
-            attempts: Some(1),
-            payload: None,
-            expires_at: rows.get_ts(0, 2),
-        };
-    };
+    }
+}
+
+/// The claim of a key that has a record. `locked` says whether we hold the key's lock.
+fn claim_existing(conn: &Conn, k: Key, rec: Record, ttl: Interval, fingerprint: Option<&str>, locked: bool) -> Claim {
     let rec = match settled(rec, fingerprint) {
         Ok(answer) => return answer,
         Err(pending) => pending,
@@ -288,11 +368,48 @@ pub fn claim(k: Key, ttl: Interval, fingerprint: Option<&str>, wait: bool) -> Cl
     }
 }
 
-/// Locks the key and returns its record if the caller holds its lease: either `token` is the
-/// current token, or no token is given and this transaction made the claim.
+/// Claims several keys of one scope in one go. Returns one claim per input key, in input
+/// order; a key repeated in the batch gets its first occurrence's answer, except that only the
+/// first occurrence can be `claimed` (the repeats are `in_progress`).
+pub fn claim_batch(scope: &str, keys: &[&str], ttl: Interval) -> Vec<Claim> {
+    let conn = Conn::open();
+    partitions::ensure_covered(&conn, unsafe { pg_sys::GetCurrentTransactionStartTimestamp() });
+    let distinct = lock_all(scope, keys);
+    let mut found = lookup_many(&conn, scope, &distinct);
+    let missing: Vec<&str> = distinct.iter().copied().filter(|key| !found.contains_key(*key)).collect();
+    let mut answers: HashMap<&str, Claim> = HashMap::with_capacity(distinct.len());
+    if !missing.is_empty() {
+        let rows = conn.run(&INSERT_CLAIMS, &[arg(scope), arg(missing.clone()), arg(ttl)], Snap::Statement);
+        for i in 0..rows.len() {
+            let key: String = rows.get(i, 1).expect("key");
+            let slot = *missing.iter().find(|m| **m == key).expect("inserted key was asked for");
+            answers.insert(slot, Claim { outcome: Outcome::Claimed, token: rows.get(i, 2), attempts: Some(1), payload: None, expires_at: rows.get_ts(i, 3) });
+        }
+    }
+    for key in &distinct {
+        if let Some(rec) = found.remove(*key) {
+            answers.insert(key, claim_existing(&conn, Key { scope, key }, rec, ttl, None, true));
+        }
+    }
+    let mut seen = std::collections::HashSet::with_capacity(distinct.len());
+    keys.iter()
+        .map(|key| {
+            let first = answers.get(key).expect("every key answered");
+            first.copy(!seen.insert(*key))
+        })
+        .collect()
+}
+
+/// Locks the key and returns its record if the caller holds its lease.
 fn held(conn: &Conn, k: Key, token: Option<i64>) -> Record {
     keylock::lock_key(k.scope, k.key, true);
-    let Some(rec) = lookup(conn, k) else { errors::unknown_key(k.scope, k.key) };
+    check_held(k, lookup(conn, k), token)
+}
+
+/// The caller holds a key's lease when `token` is its current token, or when no token is given
+/// and this transaction made the claim. Anything else is an ERROR.
+fn check_held(k: Key, rec: Option<Record>, token: Option<i64>) -> Record {
+    let Some(rec) = rec else { errors::unknown_key(k.scope, k.key) };
     if rec.status != Status::Pending {
         errors::already_terminal(k.scope, k.key, rec.status.as_str());
     }
@@ -356,6 +473,41 @@ pub fn once(k: Key) -> bool {
     let rows = conn.run(&INSERT_ONCE, &k.args(), Snap::Statement);
     expect_one(&rows, "once");
     true
+}
+
+/// Completes several claimed keys of one scope; every key must be held by the caller (see
+/// [`check_held`]) or nothing is written. Returns how many were completed.
+pub fn complete_batch(scope: &str, keys: &[&str], payloads: &[Option<String>], tokens: &[Option<i64>]) -> i64 {
+    let conn = Conn::open();
+    lock_all(scope, keys);
+    let mut found = lookup_many(&conn, scope, keys);
+    for (key, token) in keys.iter().zip(tokens) {
+        check_held(Key { scope, key }, found.remove(*key), *token);
+    }
+    let rows = conn.run(&COMPLETE_MANY, &[arg(scope), arg(keys.to_vec()), arg(payloads.to_vec())], Snap::Statement);
+    rows.len() as i64
+}
+
+/// The keys of a batch that no committed transaction has seen before, in input order, each once;
+/// they are recorded as completed in the caller's transaction.
+pub fn once_batch(scope: &str, keys: &[&str]) -> Vec<String> {
+    let conn = Conn::open();
+    partitions::ensure_covered(&conn, unsafe { pg_sys::GetCurrentTransactionStartTimestamp() });
+    let distinct = lock_all(scope, keys);
+    let rows = conn.run(&LOOKUP_MANY, &[arg(scope), arg(distinct.clone())], Snap::Latest);
+    let mut seen = std::collections::HashSet::with_capacity(distinct.len());
+    for i in 0..rows.len() {
+        let key: String = rows.get(i, 10).expect("key");
+        check_snapshot_sees(Key { scope, key: &key }, rows.get(i, 7).expect("xmin"));
+        seen.insert(key);
+    }
+    let fresh: Vec<&str> = distinct.iter().copied().filter(|k| !seen.contains(*k)).collect();
+    if !fresh.is_empty() {
+        conn.run(&INSERT_ONCES, &[arg(scope), arg(fresh.clone())], Snap::Statement);
+    }
+    let fresh: std::collections::HashSet<&str> = fresh.into_iter().collect();
+    let mut emitted = std::collections::HashSet::with_capacity(fresh.len());
+    keys.iter().filter(|k| fresh.contains(*k) && emitted.insert(**k)).map(|k| k.to_string()).collect()
 }
 
 pub struct StatusRow {

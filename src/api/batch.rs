@@ -1,0 +1,98 @@
+//! `idem_claim_batch`, `idem_complete_batch`, `idem_once_batch`: one call per broker poll.
+//!
+//! Keys are locked in sorted order, so two consumers with overlapping batches cannot deadlock.
+//! Every key lock is one entry in PostgreSQL's shared lock table: batches of thousands of keys
+//! across many consumers may need a larger `max_locks_per_transaction`.
+use super::args;
+use crate::errors;
+use crate::storage::records;
+use pgrx::prelude::*;
+use pgrx::JsonB;
+
+/// Checks every key of a batch before anything is written.
+fn keys(keys: &Option<Vec<Option<String>>>) -> Vec<&str> {
+    let keys = args::required("keys", keys.as_ref());
+    keys.iter().map(|k| args::ident("key", k.as_deref())).collect()
+}
+
+fn same_length(name: &str, len: usize, keys: usize) {
+    if len != keys {
+        errors::invalid(format!("{name} has {len} elements but keys has {keys}"));
+    }
+}
+
+#[pg_extern(security_definer, volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn idem_claim_batch(
+    keys: Option<Vec<Option<String>>>,
+    ttl: default!(Option<Interval>, "NULL"),
+    scope: default!(Option<&str>, "'default'"),
+) -> TableIterator<
+    'static,
+    (
+        name!(key, String),
+        name!(outcome, String),
+        name!(token, Option<i64>),
+        name!(attempts, Option<i32>),
+        name!(payload, Option<JsonB>),
+        name!(expires_at, Option<TimestampWithTimeZone>),
+    ),
+> {
+    let owned = keys;
+    let keys = self::keys(&owned);
+    let scope = args::ident("scope", scope);
+    let ttl = args::ttl(ttl);
+    let claims = records::claim_batch(scope, &keys, ttl);
+    let rows: Vec<_> = keys
+        .iter()
+        .zip(claims)
+        .map(|(key, c)| {
+            let expires = c.expires_at.map(|t| TimestampWithTimeZone::try_from(t).expect("valid timestamp"));
+            (key.to_string(), c.outcome.as_str().to_string(), c.token, c.attempts, c.payload, expires)
+        })
+        .collect();
+    TableIterator::new(rows)
+}
+
+#[pg_extern(security_definer, volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn idem_complete_batch(
+    keys: Option<Vec<Option<String>>>,
+    payloads: default!(Option<Vec<Option<JsonB>>>, "NULL"),
+    scope: default!(Option<&str>, "'default'"),
+    tokens: default!(Option<Vec<Option<i64>>>, "NULL"),
+) -> i32 {
+    let owned = keys;
+    let keys = self::keys(&owned);
+    let scope = args::ident("scope", scope);
+    let mut distinct = keys.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    if distinct.len() != keys.len() {
+        errors::invalid("keys must not repeat a key in idem_complete_batch".to_string());
+    }
+    let payloads: Vec<Option<String>> = match payloads {
+        None => vec![None; keys.len()],
+        Some(p) => {
+            same_length("payloads", p.len(), keys.len());
+            p.into_iter().map(|d| args::document("payload", d)).collect()
+        }
+    };
+    let tokens: Vec<Option<i64>> = match tokens {
+        None => vec![None; keys.len()],
+        Some(t) => {
+            same_length("tokens", t.len(), keys.len());
+            t.into_iter().map(args::token).collect()
+        }
+    };
+    records::complete_batch(scope, &keys, &payloads, &tokens) as i32
+}
+
+#[pg_extern(security_definer, volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn idem_once_batch(keys: Option<Vec<Option<String>>>, scope: default!(Option<&str>, "'default'")) -> SetOfIterator<'static, String> {
+    let owned = keys;
+    let keys = self::keys(&owned);
+    let scope = args::ident("scope", scope);
+    SetOfIterator::new(records::once_batch(scope, &keys))
+}

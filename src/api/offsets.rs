@@ -1,0 +1,80 @@
+//! `idem_record_offset`, `idem_next_offset`, `idem_offsets`, `idem_reset_offset`.
+use super::args;
+use crate::errors;
+use crate::storage::offsets::{self, Position};
+use pgrx::prelude::*;
+
+fn position<'a>(group: Option<&'a str>, topic: Option<&'a str>, partition: Option<i32>) -> Position<'a> {
+    let group = args::ident("consumer_group", group);
+    let topic = args::ident("topic", topic);
+    let partition = args::required("partition", partition);
+    if partition < 0 {
+        errors::invalid(format!("partition must not be negative, got {partition}"));
+    }
+    Position { group, topic, partition }
+}
+
+fn non_negative(name: &str, value: Option<i64>) -> Option<i64> {
+    if let Some(v) = value {
+        if v < 0 {
+            errors::invalid(format!("{name} must not be negative, got {v}"));
+        }
+    }
+    value
+}
+
+#[pg_extern(security_definer, volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn idem_record_offset(
+    consumer_group: Option<&str>,
+    topic: Option<&str>,
+    partition: Option<i32>,
+    processed_offset: Option<i64>,
+    generation: default!(Option<i64>, "NULL"),
+) -> bool {
+    let p = position(consumer_group, topic, partition);
+    let processed = args::required("processed_offset", non_negative("processed_offset", processed_offset));
+    let generation = non_negative("generation", generation);
+    offsets::record(p, processed, generation)
+}
+
+#[pg_extern(security_definer, volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn idem_next_offset(consumer_group: Option<&str>, topic: Option<&str>, partition: Option<i32>) -> Option<i64> {
+    offsets::next(position(consumer_group, topic, partition))
+}
+
+#[pg_extern(security_definer, volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn idem_offsets(
+    consumer_group: Option<&str>,
+    topic: default!(Option<&str>, "NULL"),
+) -> TableIterator<
+    'static,
+    (
+        name!(topic, String),
+        name!(partition, i32),
+        name!(next_offset, i64),
+        name!(generation, Option<i64>),
+        name!(updated_at, TimestampWithTimeZone),
+    ),
+> {
+    let group = args::ident("consumer_group", consumer_group);
+    let topic = topic.map(|t| args::ident("topic", Some(t)));
+    TableIterator::new(offsets::list(group, topic).into_iter().map(|o| {
+        (o.topic, o.partition, o.next_offset, o.generation, TimestampWithTimeZone::try_from(o.updated_at).expect("valid timestamp"))
+    }))
+}
+
+#[pg_extern(security_definer, volatile, parallel_unsafe)]
+#[search_path(pg_catalog, pg_temp)]
+fn idem_reset_offset(
+    consumer_group: Option<&str>,
+    topic: Option<&str>,
+    partition: Option<i32>,
+    next_offset: Option<i64>,
+) {
+    let p = position(consumer_group, topic, partition);
+    let next = args::required("next_offset", non_negative("next_offset", next_offset));
+    offsets::reset(p, next);
+}
