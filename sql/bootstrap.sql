@@ -43,3 +43,28 @@ CREATE TABLE idempotency.offsets (
 ) WITH (fillfactor = 50);
 
 COMMENT ON TABLE idempotency.offsets IS 'Consumer positions: next offset to read per (consumer_group, topic, partition).';
+
+-- Keys claimed and never settled, for the reclaim sweep of maintenance. Only pending rows are in it.
+CREATE INDEX records_pending_idx ON idempotency.records (expires_at) WHERE status = 'pending';
+
+-- Every partition of the record table with its range, what it holds, and when retention drops it.
+-- (pg_partman's default partition, if any, has no range.)
+CREATE VIEW idempotency.partitions AS
+SELECT c.oid::regclass                                        AS partition,
+       b.bound[1]::timestamptz                                AS range_from,
+       b.bound[2]::timestamptz                                AS range_to,
+       greatest(c.reltuples, 0)::bigint                       AS row_estimate,
+       pg_catalog.pg_total_relation_size(c.oid)               AS total_bytes,
+       pg_catalog.pg_size_pretty(pg_catalog.pg_total_relation_size(c.oid)) AS size,
+       b.bound[2]::timestamptz
+         + pg_catalog.current_setting('idempotency.retention', true)::interval AS dropped_after
+  FROM pg_catalog.pg_inherits i
+  JOIN pg_catalog.pg_class c ON c.oid = i.inhrelid
+  LEFT JOIN LATERAL (
+        SELECT regexp_match(pg_catalog.pg_get_expr(c.relpartbound, c.oid),
+                            'FROM \(''([^'']*)''\) TO \(''([^'']*)''\)') AS bound
+       ) b ON true
+ WHERE i.inhparent = 'idempotency.records'::regclass
+ ORDER BY range_from NULLS LAST;
+
+COMMENT ON VIEW idempotency.partitions IS 'Partitions of idempotency.records: range, estimated rows, size, and when retention drops each.';

@@ -68,7 +68,46 @@ COMMENT ON FUNCTION idem_offsets(text, text) IS
 'Stored positions of a consumer group (optionally one topic), for the startup seek.';
 COMMENT ON FUNCTION idem_reset_offset(text, text, integer, bigint) IS
 'Sets the next offset of (consumer_group, topic, partition), backwards or forwards. For DBAs; not granted to idempotency_consumer.';
+COMMENT ON FUNCTION idem_maintenance(timestamptz) IS
+'One maintenance round as of as_of: premake partitions, drop those older than idempotency.retention, reclaim leases expired longer than idempotency.reclaim_after. What the background worker runs; call it from cron when the library cannot be preloaded.';
+COMMENT ON FUNCTION idem_partman_handover() IS
+'Registers idempotency.records with pg_partman (create_parent, retention and premake from the GUCs). Set idempotency.partition_manager = pg_partman first.';
 COMMENT ON FUNCTION idempotency.premake_partitions(timestamptz) IS
 'Creates the missing partitions of idempotency.records from as_of to idempotency.premake intervals ahead; returns how many.';
 
+-- The first partitions. They must not be members of the extension: members cannot be dropped by
+-- retention, and pg_dump would skip their rows.
 SELECT idempotency.premake_partitions(now());
+DO $$
+DECLARE
+    p regclass;
+BEGIN
+    FOR p IN SELECT partition FROM idempotency.partitions LOOP
+        EXECUTE format('ALTER EXTENSION idempotency DROP TABLE %s', p);
+    END LOOP;
+END
+$$;
+
+-- pg_dump keeps the rows of these member tables and the token sequence's position.
+SELECT pg_catalog.pg_extension_config_dump('idempotency.offsets', '');
+SELECT pg_catalog.pg_extension_config_dump('idempotency.token_seq', '');
+
+-- Drops one partition if its lock comes within wait_ms; false (nothing done) otherwise. The
+-- lock_timeout applies to this drop only: the exception block's subtransaction undoes it on
+-- failure, and it is reset by hand on success.
+CREATE FUNCTION idempotency.drop_partition(part regclass, wait_ms integer) RETURNS boolean
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    saved text := current_setting('lock_timeout');
+BEGIN
+    PERFORM set_config('lock_timeout', wait_ms || 'ms', true);
+    EXECUTE format('DROP TABLE %s', part);
+    PERFORM set_config('lock_timeout', saved, true);
+    RETURN true;
+EXCEPTION WHEN lock_not_available THEN
+    RETURN false;
+END
+$$;
+REVOKE ALL ON FUNCTION idempotency.drop_partition(regclass, integer) FROM PUBLIC;
+COMMENT ON FUNCTION idempotency.drop_partition(regclass, integer) IS
+'Drops one partition of idempotency.records unless its lock takes longer than wait_ms; used by maintenance.';

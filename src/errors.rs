@@ -84,3 +84,30 @@ pub fn fenced(group: &str, topic: &str, partition: i32, given: i64, stored: i64)
         Some("A newer member of the consumer group owns this partition; abandon this transaction."),
     )
 }
+
+/// 54000: a batch with more keys than `idempotency.max_batch_keys`.
+pub fn too_many_keys(count: usize, limit: usize) -> ! {
+    raise(
+        Code::ERRCODE_PROGRAM_LIMIT_EXCEEDED,
+        format!("idempotency: batch has {count} keys, over the limit of {limit}"),
+        Some("The limit is set by idempotency.max_batch_keys; split the batch."),
+    )
+}
+
+/// 55000: pg_partman handover while another partition manager is configured.
+pub fn wrong_partition_manager() -> ! {
+    raise(
+        Code::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        "idempotency: idempotency.partition_manager must be 'pg_partman' before the handover".to_string(),
+        Some("ALTER SYSTEM SET idempotency.partition_manager = 'pg_partman'; SELECT pg_reload_conf();"),
+    )
+}
+
+/// 55000: pg_partman handover without pg_partman.
+pub fn partman_missing() -> ! {
+    raise(
+        Code::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        "idempotency: the pg_partman extension is not installed in this database".to_string(),
+        Some("CREATE SCHEMA partman; CREATE EXTENSION pg_partman SCHEMA partman;"),
+    )
+}

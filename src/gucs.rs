@@ -1,6 +1,22 @@
 //! The `idempotency.*` settings. Sizes and durations use PostgreSQL units, so
 //! `SET idempotency.lease_ttl = '30s'` and `idempotency.max_payload_bytes = '256kB'` work.
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
+use pgrx::PostgresGucEnum;
+use std::ffi::CString;
+
+/// Who creates and drops the partitions of `idempotency.records`.
+#[derive(PostgresGucEnum, Clone, Copy, PartialEq, Eq, Debug)]
+pub enum PartitionManager {
+    /// This extension: consumers create a missing current partition, maintenance premakes and drops.
+    #[name = c"builtin"]
+    Builtin,
+    /// pg_partman's run_maintenance() premakes and drops (see idem_partman_handover()).
+    #[name = c"pg_partman"]
+    PgPartman,
+    /// Nobody: the DBA does. Maintenance still reclaims stuck leases.
+    #[name = c"none"]
+    None,
+}
 
 /// Lease length, in milliseconds, when `idem_claim` / `idem_heartbeat` get `ttl => NULL`.
 pub static LEASE_TTL_MS: GucSetting<i32> = GucSetting::<i32>::new(5 * 60 * 1000);
@@ -14,6 +30,20 @@ pub static MAX_PAYLOAD_BYTES: GucSetting<i32> = GucSetting::<i32>::new(1024 * 10
 pub static PARTITION_INTERVAL_S: GucSetting<i32> = GucSetting::<i32>::new(24 * 60 * 60);
 /// Partitions kept ready ahead of the current one.
 pub static PREMAKE: GucSetting<i32> = GucSetting::<i32>::new(4);
+
+/// Partitions whose whole range is older than this (seconds) are dropped.
+pub static RETENTION_S: GucSetting<i32> = GucSetting::<i32>::new(7 * 24 * 60 * 60);
+/// Pause between two maintenance rounds of the background worker (seconds).
+pub static MAINTENANCE_INTERVAL_S: GucSetting<i32> = GucSetting::<i32>::new(60);
+/// Databases the background worker maintains, comma-separated.
+pub static DATABASE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"postgres"));
+pub static PARTITION_MANAGER: GucSetting<PartitionManager> = GucSetting::<PartitionManager>::new(PartitionManager::Builtin);
+/// A lease that expired this long ago (seconds) and was never taken over is reclaimed.
+pub static RECLAIM_AFTER_S: GucSetting<i32> = GucSetting::<i32>::new(60 * 60);
+/// How long dropping a partition may wait for its lock before it is left for the next round (ms).
+pub static DROP_LOCK_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(100);
+/// Most keys accepted by one batch call.
+pub static MAX_BATCH_KEYS: GucSetting<i32> = GucSetting::<i32>::new(10_000);
 
 pub fn init() {
     GucRegistry::define_int_guc(
@@ -76,6 +106,72 @@ pub fn init() {
         GucContext::Sighup,
         GucFlags::default(),
     );
+    GucRegistry::define_int_guc(
+        c"idempotency.retention",
+        c"Age past which whole partitions are dropped.",
+        c"A partition is dropped once its upper bound is older than now - retention; keys in it can then be processed again.",
+        &RETENTION_S,
+        60,
+        i32::MAX,
+        GucContext::Sighup,
+        GucFlags::UNIT_S,
+    );
+    GucRegistry::define_int_guc(
+        c"idempotency.maintenance_interval",
+        c"Pause between two rounds of the maintenance worker.",
+        c"",
+        &MAINTENANCE_INTERVAL_S,
+        1,
+        24 * 60 * 60,
+        GucContext::Sighup,
+        GucFlags::UNIT_S,
+    );
+    GucRegistry::define_string_guc(
+        c"idempotency.database",
+        c"Comma-separated databases the maintenance worker maintains.",
+        c"Databases without the extension are skipped quietly.",
+        &DATABASE,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_enum_guc(
+        c"idempotency.partition_manager",
+        c"Who premakes and drops partitions: builtin, pg_partman or none.",
+        c"",
+        &PARTITION_MANAGER,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"idempotency.reclaim_after",
+        c"Grace period after a lease expired before maintenance deletes the never-taken-over key.",
+        c"",
+        &RECLAIM_AFTER_S,
+        0,
+        i32::MAX,
+        GucContext::Sighup,
+        GucFlags::UNIT_S,
+    );
+    GucRegistry::define_int_guc(
+        c"idempotency.drop_lock_timeout",
+        c"How long dropping a partition may wait for its lock before maintenance leaves it for the next round.",
+        c"Dropping a partition needs a brief exclusive lock on the record table; claims queue behind it at most this long.",
+        &DROP_LOCK_TIMEOUT_MS,
+        1,
+        60 * 1000,
+        GucContext::Sighup,
+        GucFlags::UNIT_MS,
+    );
+    GucRegistry::define_int_guc(
+        c"idempotency.max_batch_keys",
+        c"Most keys accepted by one idem_*_batch call.",
+        c"Each key of a batch holds one entry of the shared lock table until the transaction ends.",
+        &MAX_BATCH_KEYS,
+        1,
+        1_000_000,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
 }
 
 pub fn lease_ttl_ms() -> i64 {
@@ -95,4 +191,27 @@ pub fn partition_interval_s() -> i64 {
 }
 pub fn premake() -> i32 {
     PREMAKE.get()
+}
+pub fn retention_s() -> i64 {
+    RETENTION_S.get() as i64
+}
+pub fn maintenance_interval() -> std::time::Duration {
+    std::time::Duration::from_secs(MAINTENANCE_INTERVAL_S.get() as u64)
+}
+/// The databases listed in `idempotency.database`.
+pub fn databases() -> Vec<String> {
+    let list = DATABASE.get().map(|c| c.to_string_lossy().into_owned()).unwrap_or_default();
+    list.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect()
+}
+pub fn partition_manager() -> PartitionManager {
+    PARTITION_MANAGER.get()
+}
+pub fn reclaim_after_s() -> i64 {
+    RECLAIM_AFTER_S.get() as i64
+}
+pub fn drop_lock_timeout_ms() -> i32 {
+    DROP_LOCK_TIMEOUT_MS.get()
+}
+pub fn max_batch_keys() -> usize {
+    MAX_BATCH_KEYS.get() as usize
 }

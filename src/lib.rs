@@ -4,6 +4,7 @@
 //! - [`api`]: the SQL-facing functions (`idem_*`), argument checks and outcomes;
 //! - [`storage`]: SPI access to the record table, per-key locks and time partitions;
 //! - [`gucs`]: the `idempotency.*` settings;
+//! - [`worker`]: the background worker that runs maintenance rounds;
 //! - [`errors`]: the SQLSTATEs the API raises.
 //!
 //! Hand-written SQL (schema, tables, grants, comments) lives in `sql/`.
@@ -14,6 +15,7 @@ mod errors;
 mod gucs;
 mod storage;
 mod tests;
+mod worker;
 
 pgrx::pg_module_magic!();
 
@@ -23,6 +25,7 @@ pgrx::extension_sql_file!("../sql/finalize.sql", name = "finalize", finalize);
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
     gucs::init();
+    worker::register();
 }
 
 #[cfg(test)]

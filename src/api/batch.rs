@@ -5,6 +5,7 @@
 //! across many consumers may need a larger `max_locks_per_transaction`.
 use super::args;
 use crate::errors;
+use crate::gucs;
 use crate::storage::records;
 use pgrx::prelude::*;
 use pgrx::JsonB;
@@ -12,6 +13,10 @@ use pgrx::JsonB;
 /// Checks every key of a batch before anything is written.
 fn keys(keys: &Option<Vec<Option<String>>>) -> Vec<&str> {
     let keys = args::required("keys", keys.as_ref());
+    let limit = gucs::max_batch_keys();
+    if keys.len() > limit {
+        errors::too_many_keys(keys.len(), limit);
+    }
     keys.iter().map(|k| args::ident("key", k.as_deref())).collect()
 }
 

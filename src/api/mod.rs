@@ -3,5 +3,6 @@
 mod args;
 mod batch;
 mod keys;
+mod maintenance;
 mod offsets;
 mod partitions;

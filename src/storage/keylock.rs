@@ -12,6 +12,8 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 pub const LOCK_NAMESPACE: u16 = 0x4944;
 /// `locktag_field4` of the lock that serializes partition creation.
 const PARTITION_LOCK_NAMESPACE: u16 = 0x4945;
+/// `locktag_field4` of the lock held by a maintenance round.
+const MAINTENANCE_LOCK_NAMESPACE: u16 = 0x4946;
 
 fn hash_key(scope: &str, key: &str) -> u64 {
     // DefaultHasher::new() is deterministic within one build, which is all backends here.
@@ -44,4 +46,10 @@ pub fn lock_key(scope: &str, key: &str, wait: bool) -> bool {
 /// Serializes backends that create partitions, until the end of the transaction.
 pub fn lock_partition_creation() {
     acquire(0, PARTITION_LOCK_NAMESPACE, true);
+}
+
+/// Makes maintenance rounds of one database take turns (worker and manual calls alike).
+/// Returns false when `wait` is false and another round is running.
+pub fn lock_maintenance(wait: bool) -> bool {
+    acquire(0, MAINTENANCE_LOCK_NAMESPACE, wait)
 }

@@ -1,5 +1,6 @@
 //! Storage: the record table behind the API, reached through SPI with saved plans.
 pub mod keylock;
+pub mod maintenance;
 pub mod offsets;
 pub mod partitions;
 pub mod records;

@@ -13,22 +13,34 @@ use pgrx::prelude::*;
 use std::cell::Cell;
 
 thread_local! {
-    /// Upper bound of the newest partition this backend has seen committed (or created itself).
+    /// Upper bound of the newest partition this backend has seen. Forgotten whenever the record
+    /// table's relcache entry is invalidated, which any partition created, dropped, attached or
+    /// detached (or rolled back) causes.
     static COVERED_UNTIL: Cell<pg_sys::TimestampTz> = const { Cell::new(i64::MIN) };
+    static RECORDS_OID: Cell<pg_sys::Oid> = const { Cell::new(pg_sys::InvalidOid) };
+    static CALLBACK_REGISTERED: Cell<bool> = const { Cell::new(false) };
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn forget_coverage(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
+    if relid == pg_sys::InvalidOid || relid == RECORDS_OID.with(|r| r.get()) {
+        COVERED_UNTIL.with(|c| c.set(i64::MIN));
+    }
+}
+
+fn remember_coverage(until: pg_sys::TimestampTz, records: pg_sys::Oid) {
+    if !CALLBACK_REGISTERED.with(|r| r.replace(true)) {
+        unsafe { pg_sys::CacheRegisterRelcacheCallback(Some(forget_coverage), pg_sys::Datum::from(0usize)) };
+    }
+    RECORDS_OID.with(|r| r.set(records));
+    COVERED_UNTIL.with(|c| c.set(until));
 }
 
 /// Slots from `$1`'s slot to `$3` intervals ahead that no existing partition overlaps, each as
 /// the DDL that creates it. `$2` is the partition interval.
 static MISSING_PARTITIONS: Stmt = Stmt {
     sql: r#"
-WITH existing AS (
-    SELECT m[1]::timestamptz AS lo, m[2]::timestamptz AS hi
-      FROM pg_catalog.pg_inherits i
-      JOIN pg_catalog.pg_class c ON c.oid = i.inhrelid,
-           regexp_match(pg_catalog.pg_get_expr(c.relpartbound, c.oid),
-                        'FROM \(''([^'']*)''\) TO \(''([^'']*)''\)') AS m
-     WHERE i.inhparent = 'idempotency.records'::regclass
-), slots AS (
+WITH slots AS (
     SELECT s AS lo, s + $2 AS hi
       FROM generate_series(date_bin($2, $1, timestamptz '2000-01-01 00:00:00+00'), $1 + $2 * $3, $2) AS s
 )
@@ -37,19 +49,26 @@ SELECT format('CREATE TABLE IF NOT EXISTS idempotency.%I PARTITION OF idempotenc
                                      CASE WHEN $2 >= interval '1 day' THEN 'YYYY_MM_DD' ELSE 'YYYY_MM_DD_HH24MI' END),
               s.lo, s.hi)
   FROM slots s
- WHERE NOT EXISTS (SELECT 1 FROM existing e WHERE e.lo < s.hi AND e.hi > s.lo)
+ WHERE NOT EXISTS (SELECT 1 FROM idempotency.partitions p WHERE p.range_from < s.hi AND p.range_to > s.lo)
  ORDER BY s.lo"#,
     args: &[pg_sys::TIMESTAMPTZOID, pg_sys::INTERVALOID, pg_sys::INT4OID],
 };
 
-/// The upper bound of the newest partition.
+/// The upper bound of the newest partition, and the record table's oid.
 static COVERAGE: Stmt = Stmt {
-    sql: r#"
-SELECT max((regexp_match(pg_catalog.pg_get_expr(c.relpartbound, c.oid), 'TO \(''([^'']*)''\)'))[1]::timestamptz)
-  FROM pg_catalog.pg_inherits i
-  JOIN pg_catalog.pg_class c ON c.oid = i.inhrelid
- WHERE i.inhparent = 'idempotency.records'::regclass"#,
+    sql: "SELECT max(range_to), 'idempotency.records'::regclass::oid FROM idempotency.partitions",
     args: &[],
+};
+
+/// Partitions whose whole range ends at or before `$1`, oldest first.
+static EXPIRED: Stmt = Stmt {
+    sql: "SELECT partition::text FROM idempotency.partitions WHERE range_to <= $1 ORDER BY range_to",
+    args: &[pg_sys::TIMESTAMPTZOID],
+};
+
+static DROP: Stmt = Stmt {
+    sql: "SELECT idempotency.drop_partition($1::regclass, $2)",
+    args: &[pg_sys::TEXTOID, pg_sys::INT4OID],
 };
 
 fn interval_arg() -> Option<pg_sys::Datum> {
@@ -76,21 +95,46 @@ pub fn create_missing(conn: &Conn, as_of: pg_sys::TimestampTz) -> i32 {
     for statement in &ddl {
         conn.execute(statement);
     }
-    if !ddl.is_empty() {
-        // A rollback would take the new partitions away again: forget what we learned.
-        pgrx::register_xact_callback(pgrx::PgXactCallbackEvent::Abort, || {
-            COVERED_UNTIL.with(|c| c.set(i64::MIN))
-        });
-    }
-    let until = conn.run(&COVERAGE, &[], Snap::Latest).get_ts(0, 1).unwrap_or(i64::MIN);
-    COVERED_UNTIL.with(|c| c.set(until));
+    let rows = conn.run(&COVERAGE, &[], Snap::Latest);
+    remember_coverage(rows.get_ts(0, 1).unwrap_or(i64::MIN), rows.get(0, 2).expect("oid"));
     ddl.len() as i32
 }
 
 /// Makes sure a row created at `ts` has a partition. Cheap when it already has one.
+/// Only the builtin manager creates partitions on demand: under pg_partman its default
+/// partition catches rows, and with `none` the DBA is in charge.
 pub fn ensure_covered(conn: &Conn, ts: pg_sys::TimestampTz) {
-    if ts < COVERED_UNTIL.with(|c| c.get()) {
+    if ts < COVERED_UNTIL.with(|c| c.get()) || gucs::partition_manager() != gucs::PartitionManager::Builtin {
         return;
     }
     create_missing(conn, ts);
+}
+
+/// What dropping expired partitions did.
+#[derive(Default)]
+pub struct Dropped {
+    pub dropped: i32,
+    /// Partitions whose lock was not had within `idempotency.drop_lock_timeout`: next round.
+    pub deferred: i32,
+}
+
+/// Drops the partitions whose whole range is older than `as_of - idempotency.retention`.
+/// Each drop waits at most `idempotency.drop_lock_timeout` for its lock, so consumers' claims
+/// queue behind it no longer than that.
+pub fn drop_expired(conn: &Conn, as_of: pg_sys::TimestampTz) -> Dropped {
+    let cutoff = as_of - gucs::retention_s() * 1_000_000;
+    let names: Vec<String> = {
+        let rows = conn.run(&EXPIRED, &[arg(TimestampWithTimeZone::try_from(cutoff).expect("valid timestamp"))], Snap::Latest);
+        (0..rows.len()).filter_map(|i| rows.get::<String>(i, 1)).collect()
+    };
+    let mut done = Dropped::default();
+    for name in names {
+        let rows = conn.run(&DROP, &[arg(name.as_str()), arg(gucs::drop_lock_timeout_ms())], Snap::Statement);
+        if rows.get::<bool>(0, 1) == Some(true) {
+            done.dropped += 1;
+        } else {
+            done.deferred += 1;
+        }
+    }
+    done
 }

@@ -165,3 +165,19 @@ impl<'c> Rows<'c> {
 pub fn arg<T: IntoDatum>(value: T) -> Option<pg_sys::Datum> {
     value.into_datum()
 }
+
+fn quoted(raw: *const std::os::raw::c_char) -> String {
+    unsafe { std::ffi::CStr::from_ptr(raw) }.to_string_lossy().into_owned()
+}
+
+/// PostgreSQL's `quote_ident()`, for DDL built at run time.
+pub fn quote_ident(ident: &str) -> String {
+    let c = CString::new(ident).expect("identifier has no NUL");
+    quoted(unsafe { pg_sys::quote_identifier(c.as_ptr()) })
+}
+
+/// PostgreSQL's `quote_literal()`, for DDL built at run time.
+pub fn quote_literal(text: &str) -> String {
+    let c = CString::new(text).expect("literal has no NUL");
+    quoted(unsafe { pg_sys::quote_literal_cstr(c.as_ptr()) })
+}

@@ -1,0 +1,94 @@
+//! The maintenance background worker.
+//!
+//! A launcher, registered when the library is in `shared_preload_libraries`, wakes every
+//! `idempotency.maintenance_interval` and, for each database of `idempotency.database`, starts a
+//! short-lived worker connected to it that runs one round ([`maintenance::round`]) in one
+//! transaction and exits. A worker connects to one database for life, hence one per round and
+//! database; the launcher itself never opens a transaction. SIGHUP re-reads the GUCs, SIGTERM
+//! stops the launcher; the postmaster restarts it after a crash.
+use crate::gucs;
+use crate::storage::maintenance;
+use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags};
+use pgrx::prelude::*;
+use std::time::Duration;
+
+pub fn register() {
+    if !unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
+        return;
+    }
+    BackgroundWorkerBuilder::new("idempotency launcher")
+        .set_type("idempotency launcher")
+        .set_library("idempotency")
+        .set_function("idem_launcher_main")
+        // Only workers flagged for database access get PostgreSQL's SIGUSR1 handler, which is
+        // how the postmaster tells us that a maintenance worker finished. We never connect.
+        .enable_spi_access()
+        .set_start_time(BgWorkerStartTime::RecoveryFinished)
+        .set_restart_time(Some(Duration::from_secs(5)))
+        .load();
+}
+
+#[pg_guard]
+#[no_mangle]
+pub extern "C-unwind" fn idem_launcher_main(_arg: pg_sys::Datum) {
+    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
+    log!("idempotency launcher started: maintaining {:?} every {:?}", gucs::databases(), gucs::maintenance_interval());
+    loop {
+        for db in gucs::databases() {
+            maintain(&db);
+        }
+        if !BackgroundWorker::wait_latch(Some(gucs::maintenance_interval())) {
+            break; // SIGTERM or postmaster death
+        }
+        if BackgroundWorker::sighup_received() {
+            unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
+        }
+    }
+    log!("idempotency launcher stopping");
+}
+
+/// Runs one round on `db` in a worker of its own and waits for it to finish.
+fn maintain(db: &str) {
+    let started = BackgroundWorkerBuilder::new(&format!("idempotency maintenance {db}"))
+        .set_type("idempotency maintenance")
+        .set_library("idempotency")
+        .set_function("idem_maintenance_main")
+        .enable_spi_access()
+        .set_start_time(BgWorkerStartTime::RecoveryFinished)
+        .set_restart_time(None)
+        .set_extra(db)
+        .set_notify_pid(unsafe { pg_sys::MyProcPid })
+        .load_dynamic();
+    match started {
+        Ok(worker) => {
+            let _ = worker.wait_for_shutdown();
+        }
+        Err(_) => warning!("idempotency: could not start a maintenance worker for {db:?} (max_worker_processes?)"),
+    }
+}
+
+#[pg_guard]
+#[no_mangle]
+pub extern "C-unwind" fn idem_maintenance_main(_arg: pg_sys::Datum) {
+    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
+    let db = BackgroundWorker::get_extra().to_string();
+    BackgroundWorker::connect_worker_to_spi(Some(&db), None);
+    let round = BackgroundWorker::transaction(|| {
+        let installed = Spi::get_one::<bool>("SELECT EXISTS (SELECT FROM pg_catalog.pg_extension WHERE extname = 'idempotency')");
+        if installed != Ok(Some(true)) {
+            return None;
+        }
+        maintenance::round(unsafe { pg_sys::GetCurrentTransactionStartTimestamp() }, false)
+    });
+    match round {
+        Some(r) if r.did_something() => log!(
+            "idempotency maintenance of {db:?}: {} partitions created, {} dropped, {} deferred (lock busy), {} stuck leases reclaimed",
+            r.created,
+            r.dropped,
+            r.deferred,
+            r.reclaimed
+        ),
+        Some(_) => debug1!("idempotency maintenance of {db:?}: nothing to do"),
+        None => debug1!("idempotency maintenance of {db:?}: skipped (extension not installed, or a round is running)"),
+    }
+}
