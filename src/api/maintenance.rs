@@ -38,8 +38,9 @@ static FIRST_PARTITION: spi::Stmt = spi::Stmt {
 /// Registers `idempotency.records` with pg_partman 4.x, so that its `run_maintenance()`
 /// premakes and drops partitions from now on, with the premake and retention of the GUCs.
 /// Requires `idempotency.partition_manager = 'pg_partman'` first, so nobody else manages them.
+/// Calling it again only refreshes retention and premake. (No pinned search_path here:
+/// pg_partman sets and restores search_path itself, and every name below is qualified.)
 #[pg_extern(volatile, parallel_unsafe)]
-#[search_path(pg_catalog, pg_temp)]
 fn idem_partman_handover() -> String {
     if gucs::partition_manager() != PartitionManager::PgPartman {
         errors::wrong_partition_manager();
@@ -54,18 +55,24 @@ fn idem_partman_handover() -> String {
     let schema = spi::quote_ident(&schema);
     let interval = format!("{} seconds", gucs::partition_interval_s());
     let start = start.map(|s| spi::quote_literal(&s)).unwrap_or_else(|| "NULL".into());
-    conn.execute(&format!(
+    let registered = conn
+        .execute(&format!("SELECT EXISTS (SELECT FROM {schema}.part_config WHERE parent_table = 'idempotency.records')"))
+        .get::<bool>(0, 1);
+    if registered != Some(true) {
+        conn.execute(&format!(
         "SELECT {schema}.create_parent(p_parent_table := 'idempotency.records', p_control := 'created_at',
                  p_type := 'native', p_interval := {interval}, p_premake := {premake},
                  p_start_partition := {start})",
         interval = spi::quote_literal(&interval),
         premake = gucs::premake(),
-    ));
+        ));
+    }
     conn.execute(&format!(
         "UPDATE {schema}.part_config SET retention = {retention}, retention_keep_table = false,
-                infinite_time_partitions = true
+                infinite_time_partitions = true, premake = {premake}
           WHERE parent_table = 'idempotency.records'",
         retention = spi::quote_literal(&format!("{} seconds", gucs::retention_s())),
+        premake = gucs::premake(),
     ));
     format!("idempotency.records is now managed by {schema}.run_maintenance()")
 }

@@ -94,13 +94,14 @@ impl Conn {
         Rows::current(self)
     }
 
-    /// Runs a one-off utility statement (DDL built at run time).
-    pub fn execute(&self, sql: &str) {
+    /// Runs a one-off statement built at run time (DDL, or SQL naming a schema found at run time).
+    pub fn execute(&self, sql: &str) -> Rows<'_> {
         let sql = CString::new(sql).expect("statement text has no NUL");
         let rc = unsafe { pg_sys::SPI_execute(sql.as_ptr(), false, 0) };
         if rc < 0 {
             panic!("SPI_execute failed ({rc})");
         }
+        Rows::current(self)
     }
 }
 
