@@ -1,0 +1,196 @@
+"""Retention and the maintenance worker, against a cluster with the library preloaded.
+
+Its own cluster (port 54333): the worker's settings are cluster-wide, so these tests must not share
+the multi-session cluster. Every check waits for the worker with a deadline and fails when it passes.
+"""
+import os
+import pathlib
+import re
+import signal
+import subprocess
+import time
+
+import psycopg
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PORT = int(os.environ.get("IDEM_WORKER_TEST_PORT", "54333"))
+SOCKDIR = f"/tmp/idem-sock-{PORT}"
+PGDATA = f"/tmp/idem-data-{PORT}"
+LOG = pathlib.Path(PGDATA) / "server.log"
+DB = "idem_worker"
+PARTMAN_DB = "idem_partman"
+
+CONF = [
+    "shared_preload_libraries = 'idempotency'",
+    "idempotency.maintenance_interval = '1s'",
+    f"idempotency.database = '{DB},{PARTMAN_DB}'",
+    "idempotency.reclaim_after = 0",
+]
+
+
+def env():
+    return dict(os.environ, IDEM_PORT=str(PORT), IDEM_SOCKDIR=SOCKDIR, IDEM_PGDATA=PGDATA)
+
+
+def connect(dbname=DB):
+    return psycopg.connect(host=SOCKDIR, port=PORT, user="postgres", dbname=dbname, autocommit=True)
+
+
+def one(conn, sql, *args):
+    row = conn.execute(sql, args).fetchone()
+    return None if row is None else row[0]
+
+
+def wait_for(what, predicate, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    pytest.fail(f"timed out after {timeout}s waiting for: {what}")
+
+
+def launcher_pid(_conn=None):
+    """The launcher never connects to a database, so it is not in pg_stat_activity: find it among
+    the postmaster's children by its process title."""
+    postmaster = (pathlib.Path(PGDATA) / "postmaster.pid").read_text().split()[0]
+    found = subprocess.run(["pgrep", "-P", postmaster, "-f", "idempotency launcher"],
+                           capture_output=True, text=True).stdout.split()
+    return int(found[0]) if found else None
+
+
+def reload(conn, setting, value):
+    conn.execute(f"ALTER SYSTEM SET {setting} = '{value}'")
+    conn.execute("SELECT pg_reload_conf()")
+
+
+@pytest.fixture(scope="module")
+def db():
+    script = str(ROOT / "scripts" / "cluster")
+    subprocess.run([script, "start", *CONF], env=env(), check=True)
+    try:
+        with connect("postgres") as admin:
+            admin.execute(f"CREATE DATABASE {DB}")
+            admin.execute(f"CREATE DATABASE {PARTMAN_DB}")
+        with connect() as conn:
+            conn.execute("CREATE EXTENSION idempotency")
+            yield conn
+    finally:
+        subprocess.run([script, "stop"], env=env(), check=False)
+
+
+def test_worker_premakes_a_dropped_future_partition(db):
+    newest = one(db, "SELECT partition::text FROM idempotency.partitions ORDER BY range_from DESC LIMIT 1")
+    db.execute(f"DROP TABLE {newest}")
+    wait_for(f"{newest} premade again", lambda: one(
+        db, "SELECT count(*) FROM idempotency.partitions WHERE partition::text = %s", newest) == 1)
+    wait_for("a LOG line for the round", lambda: re.search(
+        r'idempotency maintenance of "idem_worker": [1-9]\d* partitions created', LOG.read_text()))
+
+
+def test_retention_drops_old_partitions_and_keeps_recent_keys(db):
+    # Partitions ten days back, one old key in them, and one key claimed now.
+    created = one(db, "SELECT idempotency.premake_partitions(now() - interval '10 days')")
+    assert created >= 3
+    db.execute("""INSERT INTO idempotency.records (scope, key, status, attempts, created_at)
+                  VALUES ('ret', 'old', 'completed', 1, now() - interval '10 days')""")
+    db.execute("BEGIN")
+    assert one(db, "SELECT outcome FROM idem_claim('recent', scope => 'ret')") == "claimed"
+    db.execute("SELECT idem_complete('recent', '{\"n\": 1}', scope => 'ret')")
+    db.execute("COMMIT")
+    # The worker (retention 7 days) drops every partition that ended more than 7 days ago.
+    wait_for("old partitions dropped", lambda: one(
+        db, "SELECT count(*) FROM idempotency.partitions WHERE range_to <= now() - interval '7 days'") == 0)
+    assert one(db, "SELECT outcome FROM idem_claim('old', scope => 'ret')") == "claimed"
+    assert one(db, "SELECT outcome FROM idem_claim('recent', scope => 'ret')") == "completed"
+    assert one(db, "SELECT count(*) FROM idempotency.partitions WHERE range_from <= now() AND range_to > now()") == 1
+
+
+def test_maintenance_as_of_ages_data_without_waiting(db):
+    db.execute("SELECT idem_once('aged', scope => 'asof')")
+    row = db.execute("SELECT * FROM idem_maintenance(now() + interval '30 days')").fetchone()
+    created, dropped, deferred, reclaimed = row
+    assert dropped >= 1 and deferred == 0
+    # The key's partition is gone: a redelivery now counts as new. The current partition comes back
+    # on demand, so claims never fail for lack of one.
+    assert one(db, "SELECT idem_once('aged', scope => 'asof')") is True
+
+
+def test_expired_lease_is_reclaimed(db):
+    db.execute("SELECT idem_claim('stuck', ttl => '100 milliseconds', scope => 'reclaim')")
+    wait_for("stuck lease reclaimed", lambda: one(
+        db, "SELECT count(*) FROM idem_status('stuck', scope => 'reclaim')") == 0)
+    # A live lease is not touched.
+    db.execute("SELECT idem_claim('live', ttl => '1 hour', scope => 'reclaim')")
+    time.sleep(2.5)
+    assert one(db, "SELECT status FROM idem_status('live', scope => 'reclaim')") == "pending"
+
+
+def test_sighup_changes_take_effect_without_restart(db):
+    pid = launcher_pid(db)
+    assert pid is not None
+    reload(db, "idempotency.reclaim_after", "1h")
+    time.sleep(2.5)  # at least one round with the new setting
+    db.execute("SELECT idem_claim('kept', ttl => '100 milliseconds', scope => 'hup')")
+    time.sleep(3)
+    assert one(db, "SELECT status FROM idem_status('kept', scope => 'hup')") == "pending"
+    reload(db, "idempotency.reclaim_after", "0")
+    wait_for("reclaimed after reload", lambda: one(
+        db, "SELECT count(*) FROM idem_status('kept', scope => 'hup')") == 0)
+    assert launcher_pid(db) == pid, "the launcher was not restarted by a reload"
+
+
+def test_pg_partman_handover(db):
+    with connect(PARTMAN_DB) as pm:
+        pm.execute("CREATE EXTENSION idempotency")
+        pm.execute("CREATE SCHEMA partman")
+        pm.execute("CREATE EXTENSION pg_partman SCHEMA partman")
+        with pytest.raises(psycopg.Error) as refused:
+            pm.execute("SELECT idem_partman_handover()")
+        assert refused.value.sqlstate == "55000"
+        reload(pm, "idempotency.partition_manager", "pg_partman")
+        wait_for("setting visible", lambda: one(pm, "SHOW idempotency.partition_manager") == "pg_partman")
+        pm.execute("SELECT idem_partman_handover()")
+        cfg = pm.execute("""SELECT partition_interval, premake, retention FROM partman.part_config
+                             WHERE parent_table = 'idempotency.records'""").fetchone()
+        assert cfg == (pytest.approx(cfg[0]), 4, "604800 seconds")
+        # Old partitions are dropped by pg_partman, not by us.
+        pm.execute("SELECT idempotency.premake_partitions(now() - interval '20 days')")
+        time.sleep(2.5)  # worker rounds happen, but under pg_partman they must not drop
+        old = "SELECT count(*) FROM idempotency.partitions WHERE range_to <= now() - interval '7 days'"
+        assert one(pm, old) >= 3
+        pm.execute("SELECT partman.run_maintenance('idempotency.records')")
+        assert one(pm, old) == 0
+        assert one(pm, "SELECT outcome FROM idem_claim('k', scope => 'pm')") == "claimed"
+        # The worker still reclaims stuck leases there.
+        pm.execute("SELECT idem_claim('stuck', ttl => '100 milliseconds', scope => 'pm')")
+        wait_for("stuck lease reclaimed under pg_partman", lambda: one(
+            pm, "SELECT count(*) FROM idem_status('stuck', scope => 'pm')") == 0)
+    reload(db, "idempotency.partition_manager", "builtin")
+
+
+def test_worker_restarts_after_kill_9_and_stops_on_sigterm(db):
+    pid = launcher_pid(db)
+    assert pid
+    db.execute("SELECT idem_once('durable', scope => 'crash')")
+    os.kill(pid, signal.SIGKILL)  # the postmaster treats this as a crash: crash recovery, restart
+    def relaunched():
+        try:
+            with connect() as c:
+                p = launcher_pid(c)
+                return p if p and p != pid else None
+        except psycopg.OperationalError:
+            return None
+    new_pid = wait_for("a new launcher after the crash", relaunched, timeout=60)
+    with connect() as c:
+        # Nothing committed was lost in the crash.
+        assert one(c, "SELECT outcome FROM idem_claim('durable', scope => 'crash')") == "completed"
+        start = one(c, "SELECT pg_postmaster_start_time()")
+        os.kill(new_pid, signal.SIGTERM)  # not pg_terminate_backend: the launcher has no session
+        wait_for("launcher gone after SIGTERM", lambda: launcher_pid() is None)
+        assert "idempotency launcher stopping" in LOG.read_text()
+    with connect() as c:
+        # A clean stop, not a crash: no crash recovery, the same postmaster.
+        assert one(c, "SELECT pg_postmaster_start_time()") == start
