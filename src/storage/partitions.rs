@@ -76,22 +76,29 @@ fn interval_arg() -> Option<pg_sys::Datum> {
     arg(Interval::new(0, 0, secs * 1_000_000).expect("interval in range"))
 }
 
+fn missing(conn: &Conn, as_of: pg_sys::TimestampTz) -> Vec<String> {
+    let rows = conn.run(
+        &MISSING_PARTITIONS,
+        &[
+            arg(TimestampWithTimeZone::try_from(as_of).expect("valid timestamp")),
+            interval_arg(),
+            arg(gucs::premake()),
+        ],
+        Snap::Latest,
+    );
+    (0..rows.len()).filter_map(|i| rows.get::<String>(i, 1)).collect()
+}
+
 /// Creates the partitions missing from `as_of`'s slot to `premake` intervals ahead.
-/// Returns how many it created.
+/// Returns how many it created. Only a backend that has something to create takes the lock
+/// that serializes creators (until its transaction ends), so claims that find their partitions
+/// in place never wait for each other here.
 pub fn create_missing(conn: &Conn, as_of: pg_sys::TimestampTz) -> i32 {
-    keylock::lock_partition_creation();
-    let ddl: Vec<String> = {
-        let rows = conn.run(
-            &MISSING_PARTITIONS,
-            &[
-                arg(TimestampWithTimeZone::try_from(as_of).expect("valid timestamp")),
-                interval_arg(),
-                arg(gucs::premake()),
-            ],
-            Snap::Latest,
-        );
-        (0..rows.len()).filter_map(|i| rows.get::<String>(i, 1)).collect()
-    };
+    let mut ddl = missing(conn, as_of);
+    if !ddl.is_empty() {
+        keylock::lock_partition_creation();
+        ddl = missing(conn, as_of); // another creator may have finished meanwhile
+    }
     for statement in &ddl {
         conn.execute(statement);
     }

@@ -159,7 +159,7 @@ SELECT idem_heartbeat('held');
 -- A token that is not the holder's.
 SELECT idem_complete('held', '1', token => :held + 1);
 SELECT idem_complete('held', '1', token => :held - 1);
--- Tokens are positive, so 0 and negative numbers match no holder either.
+-- Tokens are positive: 0 and negative numbers are invalid input (22023).
 SELECT idem_complete('held', '1', token => 0);
 SELECT idem_heartbeat('held', token => -1);
 SELECT idem_fail('held', '1', token => -9223372036854775808);
