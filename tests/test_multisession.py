@@ -548,7 +548,8 @@ def test_short_lease_contention_single_holder(cluster, report):
             conn.execute("COMMIT")
         except psycopg.Error as e:
             rollback_quietly(conn)
-            if e.sqlstate not in ("55006", "55000"):
+            # A stale token is "lease lost" even after the new holder settled the key.
+            if e.sqlstate != "55006":
                 raise
             tally[f"fenced_{e.sqlstate}"] += 1
             log_end(conn, key, token, f"fenced_{e.sqlstate}")
@@ -668,12 +669,11 @@ def test_short_lease_contention_single_holder(cluster, report):
     for k in keys:
         assert statuses[k]["status"] == "completed"
         assert statuses[k]["payload"]["token"] == last_tokens[k]
-    fenced = t["fenced_55006"] + t["fenced_55000"]
+    fenced = t["fenced_55006"]
     assert fenced >= 1, "no stale holder was ever fenced off: the test did not exercise takeover"
     assert t["claimed"] == holders
     report(f"{LEASE_SESSIONS} sessions x {LEASE_KEYS} keys, ttl {LEASE_TTL_MS} ms: "
            f"{holders} leases granted (plans: stall {t['plan_stall']}, release {t['plan_release']}, "
            f"heartbeat {t['plan_heartbeat']}, quick {t['plan_quick']}), {t['in_progress']} in_progress, {t['completed']} completed "
-           f"replays, {fenced} stale completions fenced (55006={t['fenced_55006']}, "
-           f"55000={t['fenced_55000']}), {t['released']} released, {t['heartbeats']} heartbeats "
+           f"replays, {fenced} stale completions fenced with 55006, {t['released']} released, {t['heartbeats']} heartbeats "
            f"({t['heartbeat_lost']} lost), {elapsed:.1f}s")

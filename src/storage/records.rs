@@ -407,23 +407,27 @@ fn held(conn: &Conn, k: Key, token: Option<i64>) -> Record {
 }
 
 /// The caller holds a key's lease when `token` is its current token, or when no token is given
-/// and this transaction made the claim. Anything else is an ERROR.
+/// and this transaction made the claim. Anything else is an ERROR. A token that is not the key's
+/// latest is "lease lost" even when the key has been settled since: that is what its stale holder
+/// needs to hear.
 fn check_held(k: Key, rec: Option<Record>, token: Option<i64>) -> Record {
     let Some(rec) = rec else { errors::unknown_key(k.scope, k.key) };
+    if let Some(given) = token {
+        if rec.token != Some(given) {
+            errors::lease_lost(k.scope, k.key, &format!("token {given} is not the current holder's"));
+        }
+    }
     if rec.status != Status::Pending {
         errors::already_terminal(k.scope, k.key, rec.status.as_str());
     }
-    match (rec.token, token) {
-        (None, _) => errors::lease_lost(k.scope, k.key, "the key was released after a retryable failure"),
-        (Some(current), Some(given)) if current != given => {
-            errors::lease_lost(k.scope, k.key, &format!("token {given} is not the current holder's"))
-        }
-        (Some(_), None) if !rec.written_by_this_transaction() => errors::lease_lost(
+    match rec.token {
+        None => errors::lease_lost(k.scope, k.key, "the key was released after a retryable failure"),
+        Some(_) if token.is_none() && !rec.written_by_this_transaction() => errors::lease_lost(
             k.scope,
             k.key,
             "no token given and the claim was made by another transaction",
         ),
-        _ => rec,
+        Some(_) => rec,
     }
 }
 
