@@ -1,0 +1,15 @@
+# Sourced by examples/stack and examples/<lang>/run: where the examples' cluster and broker live.
+# Override IDEM_PORT / KAFKA_BOOTSTRAP to point the examples at your own.
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/scripts/lib.sh"
+export IDEM_PORT="${IDEM_PORT:-54375}"
+export IDEM_SOCKDIR="${IDEM_SOCKDIR:-/tmp/idem-sock-$IDEM_PORT}"
+export IDEM_PGDATA="${IDEM_PGDATA:-/tmp/idem-data-$IDEM_PORT}"
+export KAFKA_BOOTSTRAP="${KAFKA_BOOTSTRAP:-127.0.0.1:54376}"
+EXAMPLES="$ROOT/examples"
+
+# A fresh database named $1 with the extension, for one example.
+fresh_db() {
+  PGOPTIONS="-c client_min_messages=warning" "$ROOT/scripts/cluster" psql -q -v ON_ERROR_STOP=1 -d postgres \
+    -c "DROP DATABASE IF EXISTS $1 WITH (FORCE)" -c "CREATE DATABASE $1" >/dev/null
+  "$ROOT/scripts/cluster" psql -q -v ON_ERROR_STOP=1 -d "$1" -c "CREATE EXTENSION idempotency" >/dev/null
+}

@@ -1,0 +1,386 @@
+#!/usr/bin/env python3
+"""The end-to-end exactly-once run: producer, consumer group, payment provider, chaos, verification.
+
+Started by tests/e2e/run, which provides the cluster (IDEM_PORT, IDEM_SOCKDIR) and the broker
+(E2E_BOOTSTRAP). This file starts the provider, the producer and the consumers, runs the chaos driver for
+a bounded time, lets the group drain, checks every invariant and prints the figures. Exit status 1 on
+any violation.
+"""
+import argparse
+import collections
+import glob
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import psycopg
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PY = sys.executable
+PROFILES = {
+    #          messages  partitions consumers produce_s chaos_s  chaos gap (s)
+    "quick": dict(m=5000, parts=6, k=4, produce_s=70, chaos_s=80, gap=(2.0, 6.0), drain_s=120),
+    "long": dict(m=20000, parts=6, k=4, produce_s=330, chaos_s=360, gap=(2.0, 7.0), drain_s=240),
+}
+POINTS = ["in_assign", "after_http", "mid_txn", "after_commit"]
+
+
+def log(msg):
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+class Fleet:
+    """The consumer processes: the desired set, restarts after deaths, and the chaos counters."""
+
+    def __init__(self, env, run_dir):
+        self.env, self.run_dir = env, run_dir
+        self.procs, self.next_cid = {}, 0
+        self.restart_at = {}                  # cid -> when to restart a dead member
+        self.frozen = {}                      # cid -> when to SIGCONT
+        self.count = collections.Counter()
+
+    def spawn(self, cid=None):
+        if cid is None:
+            cid, self.next_cid = self.next_cid, self.next_cid + 1
+        out = open(f"{self.run_dir}/c{cid}.out", "a")
+        self.procs[cid] = subprocess.Popen([PY, f"{HERE}/consumer.py", str(cid)], env=self.env,
+                                           stdout=out, stderr=subprocess.STDOUT)
+        return cid
+
+    def alive(self):
+        return [c for c, p in self.procs.items() if p.poll() is None]
+
+    def reap(self, restart_delay=(0.0, 2.0)):
+        """Schedule a restart for members that died (SIGKILL, self-kill, fenced)."""
+        now = time.monotonic()
+        for cid, p in list(self.procs.items()):
+            if p.poll() is not None and cid not in self.restart_at:
+                if p.returncode not in (-signal.SIGKILL, 3):
+                    self.count[f"exit_{p.returncode}"] += 1
+                    log(f"consumer {cid} exited with {p.returncode}: see {self.run_dir}/c{cid}.out")
+                self.restart_at[cid] = now + random.uniform(*restart_delay)
+        for cid, at in list(self.restart_at.items()):
+            if at <= now:
+                del self.restart_at[cid]
+                self.spawn(cid)
+        for cid, at in list(self.frozen.items()):
+            if at <= now:
+                del self.frozen[cid]
+                if self.procs[cid].poll() is None:
+                    os.kill(self.procs[cid].pid, signal.SIGCONT)
+
+    def kill9(self, cid):
+        os.kill(self.procs[cid].pid, signal.SIGKILL)
+        self.procs[cid].wait()
+        self.count["kill -9 (external, random moment)"] += 1
+
+    def arm(self, cid, point):
+        with open(f"{self.run_dir}/arm-{cid}", "w") as f:
+            f.write(point)
+        self.count["armed"] += 1
+
+    def remove(self, cid):
+        self.restart_at.pop(cid, None)
+        if self.frozen.pop(cid, None) is not None and self.procs[cid].poll() is None:
+            os.kill(self.procs[cid].pid, signal.SIGCONT)
+        self.procs[cid].send_signal(signal.SIGTERM)
+        try:
+            self.procs[cid].wait(30)
+        except subprocess.TimeoutExpired:
+            self.procs[cid].kill()
+            self.procs[cid].wait()
+        del self.procs[cid]
+        self.count["members removed (clean leave)"] += 1
+
+    def freeze(self, cid, seconds):
+        os.kill(self.procs[cid].pid, signal.SIGSTOP)
+        self.frozen[cid] = time.monotonic() + seconds
+        self.count["frozen past session and lease (zombie)"] += 1
+
+    def stop_all(self):
+        for cid in list(self.frozen):
+            if self.procs[cid].poll() is None:
+                os.kill(self.procs[cid].pid, signal.SIGCONT)
+        self.frozen.clear()
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in self.procs.values():
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def setup_db(dsn, db):
+    with psycopg.connect(dsn + " dbname=postgres", autocommit=True) as c:
+        c.execute(f"DROP DATABASE IF EXISTS {db}")
+        c.execute(f"CREATE DATABASE {db}")
+    with psycopg.connect(dsn + f" dbname={db}", autocommit=True) as c:
+        c.execute("CREATE EXTENSION idempotency")
+        c.execute("""
+            CREATE SCHEMA e2e;
+            CREATE SEQUENCE e2e.epoch;
+            -- the business table: deliberately no unique constraint on msg_key, so that a duplicate
+            -- application would show up instead of being hidden by an index
+            CREATE TABLE e2e.ledger (id bigserial PRIMARY KEY, msg_key text NOT NULL, partition int,
+                kafka_offset bigint, amount int NOT NULL, charge text NOT NULL, consumer text,
+                generation bigint, at timestamptz DEFAULT clock_timestamp());
+        """)
+
+
+def high_watermarks(bootstrap, topic, parts):
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "e2e-verify", "enable.auto.commit": False})
+    try:
+        return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(parts)}
+    finally:
+        c.close()
+
+
+def stored_offsets(db, group, topic):
+    return {p: n for _, p, n, _, _ in
+            db.execute("SELECT * FROM idem_offsets(%s, %s)", (group, topic)).fetchall()}
+
+
+def read_events(run_dir):
+    evs = []
+    for path in glob.glob(f"{run_dir}/c*.jsonl"):
+        cid = os.path.basename(path)[1:].split(".")[0]
+        with open(path) as f:
+            for line in f:
+                if line.endswith("\n"):  # a line cut by kill -9 is not an event
+                    evs.append({"cid": cid, **json.loads(line)})
+    return sorted(evs, key=lambda e: e["t"])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--profile", choices=PROFILES, default="quick")
+    ap.add_argument("--messages", type=int)
+    ap.add_argument("--consumers", type=int)
+    ap.add_argument("--chaos-seconds", type=int)
+    ap.add_argument("--seed", default=str(int(time.time())))
+    ap.add_argument("--generation", choices=["group", "epoch"], default="group")
+    args = ap.parse_args()
+    cfg = dict(PROFILES[args.profile])
+    if args.messages:
+        cfg["m"] = args.messages
+    if args.consumers:
+        cfg["k"] = args.consumers
+    if args.chaos_seconds:
+        cfg["chaos_s"] = args.chaos_seconds
+        cfg["produce_s"] = max(10, args.chaos_seconds - 20)
+    random.seed(args.seed)
+    run = f"r{args.seed}"
+    run_dir = os.environ["E2E_RUN_DIR"]
+    bootstrap = os.environ["E2E_BOOTSTRAP"]
+    dsn = f"host={os.environ['IDEM_SOCKDIR']} port={os.environ['IDEM_PORT']} user=postgres"
+    topic, group, dbname = f"payments-{run}", f"billing-{run}", "e2e"
+    log(f"profile {args.profile}: {cfg}, seed {args.seed}, generation from {args.generation}")
+
+    setup_db(dsn, dbname)
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for f in admin.create_topics([NewTopic(topic, cfg["parts"], 1)]).values():
+        f.result(30)
+    env = dict(os.environ, E2E_TOPIC=topic, E2E_GROUP=group, E2E_DB=dbname,
+               E2E_GENERATION=args.generation, PYTHONUNBUFFERED="1")
+    provider_port = int(os.environ["E2E_PROVIDER_PORT"])
+    children = []
+    provider = subprocess.Popen([PY, f"{HERE}/provider.py", str(provider_port), "0.01"],
+                                stdout=open(f"{run_dir}/provider.out", "w"), stderr=subprocess.STDOUT)
+    children.append(provider)
+    fleet = Fleet(env, run_dir)
+    try:
+        time.sleep(0.5)
+        for _ in range(cfg["k"]):
+            fleet.spawn()
+        produced_file = f"{run_dir}/produced.json"
+        producer = subprocess.Popen(
+            [PY, f"{HERE}/producer.py", bootstrap, topic, run, str(cfg["m"]), str(cfg["produce_s"]),
+             "0.03", produced_file], stdout=open(f"{run_dir}/producer.out", "w"), stderr=subprocess.STDOUT)
+        children.append(producer)
+
+        # ---- chaos -------------------------------------------------------------------------
+        t0 = time.monotonic()
+        next_action = t0 + random.uniform(*cfg["gap"])
+        last_report = t0
+        while time.monotonic() - t0 < cfg["chaos_s"]:
+            fleet.reap()
+            now = time.monotonic()
+            if now >= next_action:
+                next_action = now + random.uniform(*cfg["gap"])
+                alive = [c for c in fleet.alive() if c not in fleet.frozen]
+                r = random.random()
+                if not alive:
+                    pass
+                elif r < 0.40:
+                    fleet.kill9(random.choice(alive))
+                elif r < 0.75:
+                    fleet.arm(random.choice(alive), random.choice(POINTS))
+                elif r < 0.83 and len(fleet.procs) < cfg["k"] + 2:
+                    fleet.spawn()
+                    fleet.count["members added"] += 1
+                elif r < 0.91 and len(fleet.procs) > max(1, cfg["k"] - 2):
+                    fleet.remove(random.choice(alive))
+                elif not fleet.frozen:
+                    fleet.freeze(random.choice(alive), 14)
+            if now - last_report > 30:
+                last_report = now
+                log(f"chaos: {dict(fleet.count)}; {len(fleet.alive())} consumers alive")
+            time.sleep(0.1)
+
+        # ---- drain ---------------------------------------------------------------------------
+        log("chaos over: back to the base group, waiting for the producer and the drain")
+        for path in glob.glob(f"{run_dir}/arm-*"):
+            os.unlink(path)
+        while len(fleet.procs) > cfg["k"]:
+            fleet.remove(max(fleet.procs))
+        while time.monotonic() - t0 < cfg["chaos_s"] + 5 or fleet.restart_at or fleet.frozen:
+            fleet.reap(restart_delay=(0, 0))
+            time.sleep(0.1)
+        while len(fleet.procs) < cfg["k"]:
+            fleet.spawn()
+        if producer.wait(300) != 0:
+            raise SystemExit("producer failed: see producer.out")
+        high = high_watermarks(bootstrap, topic, cfg["parts"])
+        db = psycopg.connect(dsn + f" dbname={dbname}", autocommit=True)
+        deadline = time.monotonic() + cfg["drain_s"]
+        while time.monotonic() < deadline:
+            fleet.reap(restart_delay=(0, 0))
+            if stored_offsets(db, group, topic) == high:
+                break
+            time.sleep(0.5)
+        drain = time.monotonic() - t0 - cfg["chaos_s"]
+        fleet.stop_all()
+        stats = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{provider_port}/stats").read())
+        violations = verify(db, group, topic, high, produced_file, stats)
+        figures(run_dir, fleet, produced_file, stats, db, violations, drain, args.generation)
+    finally:
+        fleet.stop_all()
+        for p in children:
+            if p.poll() is None:
+                p.terminate()
+                p.wait()
+    sys.exit(1 if violations else 0)
+
+
+def verify(db, group, topic, high, produced_file, stats):
+    v = []
+    with open(produced_file) as f:
+        produced = dict(json.load(f)["messages"])
+    ledger = collections.defaultdict(list)
+    for key, amount, charge in db.execute("SELECT msg_key, amount, charge FROM e2e.ledger"):
+        ledger[key].append((amount, charge))
+    dup = [k for k, rows in ledger.items() if len(rows) > 1]
+    lost = [k for k in produced if k not in ledger]
+    alien = [k for k in ledger if k not in produced]
+    wrong = [k for k, rows in ledger.items() if k in produced and rows[0][0] != produced[k]]
+    for name, keys in [("applied more than once", dup), ("lost (never applied)", lost),
+                       ("in the ledger but never produced", alien), ("wrong amount", wrong)]:
+        if keys:
+            v.append(f"{len(keys)} messages {name}, e.g. {keys[:3]}")
+    stored = stored_offsets(db, group, topic)
+    for p, h in sorted(high.items()):
+        if stored.get(p) != h:
+            v.append(f"partition {p}: stored next offset {stored.get(p)}, end of log {h}")
+    charges = stats["charges"]
+    if len(charges) != len(produced) or set(charges) != set(produced):
+        v.append(f"provider charged {len(charges)} distinct keys for {len(produced)} messages")
+    if stats["stats"]["mismatched"]:
+        v.append(f"provider saw {stats['stats']['mismatched']} key reuses with another amount")
+    bad = [k for k, rows in ledger.items() if k in charges and
+           (rows[0][1] != charges[k]["charge"] or charges[k]["amount"] != produced[k])]
+    if bad:
+        v.append(f"{len(bad)} ledger rows whose charge is not the provider's charge, e.g. {bad[:3]}")
+    open_keys = db.execute(
+        "SELECT scope, status, count(*) FROM idempotency.records WHERE status <> 'completed' "
+        "GROUP BY 1, 2").fetchall()
+    if open_keys:
+        v.append(f"keys not completed at the end: {open_keys}")
+    n_records = db.execute("SELECT scope, count(*) FROM idempotency.records GROUP BY 1").fetchall()
+    if dict(n_records) != {"ledger": len(produced), "payment": len(produced)}:
+        v.append(f"records per scope {dict(n_records)}, expected {len(produced)} each")
+    return v
+
+
+def figures(run_dir, fleet, produced_file, stats, db, violations, drain, gen_mode):
+    with open(produced_file) as f:
+        prod = json.load(f)
+    evs = read_events(run_dir)
+    seen = collections.Counter()
+    deliveries = 0
+    for e in evs:
+        if e["ev"] == "poll":
+            for p, offs in e["offsets"].items():
+                deliveries += len(offs)
+                seen.update((p, o) for o in offs)
+    redelivered = sum(n - 1 for n in seen.values())
+    c = collections.Counter()
+    for e in evs:
+        if e["ev"] == "applied":
+            for k, n in e["ledger"].items():
+                c["ledger " + k] += n
+            for k, n in e["pay"].items():
+                c["payment " + k] += n
+        elif e["ev"] == "selfkill":
+            c["kill -9 at " + e["point"]] += 1
+        elif e["ev"] in ("fenced", "broker_commit_failed"):
+            c[e["ev"]] += 1
+        elif e["ev"] == "assign":
+            c["assignments"] += 1
+            for p, off in e["db"].items():
+                b = e["broker"].get(p)
+                if off >= 0 and b is not None and b >= 0 and off > b:
+                    c["seeks where the database was ahead of the broker"] += 1
+    gens = {e["gen"] for e in evs if e["ev"] == "assign"}
+    kills = fleet.count["kill -9 (external, random moment)"] + sum(
+        n for k, n in c.items() if k.startswith("kill -9 at "))
+    rows = db.execute("SELECT count(*), count(DISTINCT msg_key) FROM e2e.ledger").fetchone()
+    print("\n==== end-to-end figures ====")
+    fig = [
+        ("messages", len(prod["messages"])),
+        ("records in the log (producer retries included)", prod["records"]),
+        ("deliveries (records handed to consumers)", deliveries),
+        ("redeliveries (same record delivered again)", redelivered),
+        ("kills (kill -9)", kills),
+    ]
+    fig += sorted((f"  {k}", n) for k, n in list(fleet.count.items()) + list(c.items())
+                  if k.startswith("kill -9"))
+    fig += [
+        (f"rebalances (distinct {'group generations' if gen_mode == 'group' else 'epochs'})", len(gens)),
+        ("  assignments", c["assignments"]),
+        ("  members added / removed", f"{fleet.count['members added']} / "
+                                      f"{fleet.count['members removed (clean leave)']}"),
+        ("  frozen consumers (SIGSTOP past session and lease)",
+         fleet.count["frozen past session and lease (zombie)"]),
+        ("  zombies fenced by idem_record_offset (55006)", c["fenced"]),
+        ("  seeks where the database was ahead of the broker",
+         c["seeks where the database was ahead of the broker"]),
+        ("duplicates suppressed (ledger claims answered completed / repeat)",
+         c["ledger completed"] + c["ledger in_batch_repeat"]),
+        ("ledger rows / distinct keys", f"{rows[0]} / {rows[1]}"),
+        ("payment claims / takeovers of expired leases", f"{c['payment claimed']} / {c['payment takeover']}"),
+        ("payment results replayed from the store", c["payment replayed"]),
+        ("payment completions fenced (55006, lease lost)", c["payment fenced"]),
+        ("payment lease heartbeats", c["payment heartbeats"]),
+        ("provider requests / charges created", f"{stats['stats']['requests']} / {stats['stats']['created']}"),
+        ("provider duplicates absorbed by its Idempotency-Key", stats["stats"]["replayed"]),
+        ("drain after chaos (s)", f"{drain:.0f}"),
+    ]
+    for k, n in fig:
+        print(f"{k:<62} {n}")
+    for x in violations:
+        print(f"VIOLATION: {x}")
+    print(f"violations: {len(violations)}")
+
+
+if __name__ == "__main__":
+    main()
