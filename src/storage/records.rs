@@ -50,8 +50,14 @@ static COMPLETE_MANY: Stmt = Stmt {
            WHERE r.scope = $1 AND r.key = u.k",
     args: &[T_TEXT, T_TEXT_ARRAY, T_TEXT_ARRAY],
 };
-static EXISTS: Stmt = Stmt {
-    sql: "SELECT xmin FROM idempotency.records WHERE scope = $1 AND key = $2",
+// Lookup and insert in one statement, both under the latest snapshot: the xmin of the existing
+// record (for the snapshot check), or the insert.
+static ONCE: Stmt = Stmt {
+    sql: "WITH found AS (SELECT xmin FROM idempotency.records WHERE scope = $1 AND key = $2),
+               fresh AS (INSERT INTO idempotency.records (scope, key, status, attempts, created_at, updated_at)
+                         SELECT $1, $2, 'completed', 1, now(), now() WHERE NOT EXISTS (SELECT FROM found)
+                         RETURNING 1)
+          SELECT (SELECT xmin FROM found LIMIT 1), EXISTS (SELECT FROM fresh)",
     args: &[T_TEXT, T_TEXT],
 };
 static STATUS: Stmt = Stmt {
@@ -59,18 +65,21 @@ static STATUS: Stmt = Stmt {
             FROM idempotency.records WHERE scope = $1 AND key = $2",
     args: &[T_TEXT, T_TEXT],
 };
-static INSERT_CLAIM: Stmt = Stmt {
-    sql: "INSERT INTO idempotency.records
-                 (scope, key, status, token, attempts, fingerprint, created_at, updated_at, expires_at)
-          VALUES ($1, $2, 'pending', nextval('idempotency.token_seq'), 1, $3, now(), clock_timestamp(),
-                  clock_timestamp() + $4)
-          RETURNING token, expires_at",
+// The common case in one statement, under the latest snapshot: the key's record (columns 1-9,
+// as LOOKUP), or, when it has none, the new claim (token and expires_at in columns 10-11).
+static LOOKUP_OR_CLAIM: Stmt = Stmt {
+    sql: "WITH found AS (SELECT status, token, attempts, fingerprint, created_at, expires_at, xmin, payload, error
+                           FROM idempotency.records WHERE scope = $1 AND key = $2),
+               fresh AS (INSERT INTO idempotency.records
+                                (scope, key, status, token, attempts, fingerprint, created_at, updated_at, expires_at)
+                         SELECT $1, $2, 'pending', nextval('idempotency.token_seq'), 1, $3, now(),
+                                clock_timestamp(), clock_timestamp() + $4
+                          WHERE NOT EXISTS (SELECT FROM found)
+                         RETURNING token, expires_at)
+          SELECT f.status, f.token, f.attempts, f.fingerprint, f.created_at, f.expires_at, f.xmin, f.payload, f.error,
+                 n.token, n.expires_at
+            FROM (SELECT) AS one LEFT JOIN found f ON true LEFT JOIN fresh n ON true",
     args: &[T_TEXT, T_TEXT, T_TEXT, T_IVL],
-};
-static INSERT_ONCE: Stmt = Stmt {
-    sql: "INSERT INTO idempotency.records (scope, key, status, attempts, created_at, updated_at)
-          VALUES ($1, $2, 'completed', 1, now(), now())",
-    args: &[T_TEXT, T_TEXT],
 };
 // The updates name the row's created_at so that only its own partition is searched.
 static TAKE_OVER: Stmt = Stmt {
@@ -313,21 +322,25 @@ fn settled(rec: Record, fingerprint: Option<&str>) -> Result<Claim, Record> {
 pub fn claim(k: Key, ttl: Interval, fingerprint: Option<&str>, wait: bool) -> Claim {
     let conn = Conn::open();
     partitions::ensure_covered(&conn, unsafe { pg_sys::GetCurrentTransactionStartTimestamp() });
-    let locked = keylock::lock_key(k.scope, k.key, wait);
-    match lookup(&conn, k) {
-        Some(rec) => claim_existing(&conn, k, rec, ttl, fingerprint, locked),
-        None if !locked => Claim { outcome: Outcome::InProgress, token: None, attempts: None, payload: None, expires_at: None },
-        None => {
-            let rows = conn.run(&INSERT_CLAIM, &[arg(k.scope), arg(k.key), arg(fingerprint), arg(ttl)], Snap::Statement);
-            expect_one(&rows, "claim");
-            Claim {
-                outcome: Outcome::Claimed,
-                token: rows.get(0, 1),
-                attempts: Some(1),
-                payload: None,
-                expires_at: rows.get_ts(0, 2),
-            }
-        }
+    if !keylock::lock_key(k.scope, k.key, wait) {
+        // Another open transaction holds the key: report what is settled, never write.
+        return match lookup(&conn, k) {
+            Some(rec) => claim_existing(&conn, k, rec, ttl, fingerprint, false),
+            None => Claim { outcome: Outcome::InProgress, token: None, attempts: None, payload: None, expires_at: None },
+        };
+    }
+    let rows = conn.run(&LOOKUP_OR_CLAIM, &[arg(k.scope), arg(k.key), arg(fingerprint), arg(ttl)], Snap::Latest);
+    expect_one(&rows, "claim");
+    if rows.get::<String>(0, 1).is_some() {
+        let rec = Record::from_row(&rows, 0, k);
+        return claim_existing(&conn, k, rec, ttl, fingerprint, true);
+    }
+    Claim {
+        outcome: Outcome::Claimed,
+        token: rows.get(0, 10),
+        attempts: Some(1),
+        payload: None,
+        expires_at: rows.get_ts(0, 11),
     }
 }
 
@@ -469,14 +482,12 @@ pub fn once(k: Key) -> bool {
     let conn = Conn::open();
     partitions::ensure_covered(&conn, unsafe { pg_sys::GetCurrentTransactionStartTimestamp() });
     keylock::lock_key(k.scope, k.key, true);
-    let rows = conn.run(&EXISTS, &k.args(), Snap::Latest);
-    if rows.len() > 0 {
-        check_snapshot_sees(k, rows.get(0, 1).expect("xmin"));
+    let rows = conn.run(&ONCE, &k.args(), Snap::Latest);
+    if let Some(xmin) = rows.get::<pg_sys::TransactionId>(0, 1) {
+        check_snapshot_sees(k, xmin);
         return false;
     }
-    let rows = conn.run(&INSERT_ONCE, &k.args(), Snap::Statement);
-    expect_one(&rows, "once");
-    true
+    rows.get::<bool>(0, 2) == Some(true)
 }
 
 /// Completes several claimed keys of one scope; every key must be held by the caller (see

@@ -51,7 +51,15 @@ impl Conn {
         let sql = CString::new(stmt.sql).expect("statement text has no NUL");
         let mut types = stmt.args.to_vec();
         let plan = unsafe {
-            let plan = pg_sys::SPI_prepare(sql.as_ptr(), types.len() as i32, types.as_mut_ptr());
+            // Generic plans only: a custom plan would be re-planned at every call (our updates
+            // name one partition through $3, which makes custom plans look cheaper), and planning
+            // costs more than running these statements.
+            let plan = pg_sys::SPI_prepare_cursor(
+                sql.as_ptr(),
+                types.len() as i32,
+                types.as_mut_ptr(),
+                pg_sys::CURSOR_OPT_GENERIC_PLAN as i32,
+            );
             if plan.is_null() {
                 let code = pg_sys::SPI_result;
                 panic!("SPI_prepare failed ({code}) for: {}", stmt.sql);
