@@ -43,7 +43,7 @@ pub static RECLAIM_AFTER_S: GucSetting<i32> = GucSetting::<i32>::new(60 * 60);
 /// How long dropping a partition may wait for its lock before it is left for the next round (ms).
 pub static DROP_LOCK_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(100);
 /// Most keys accepted by one batch call.
-pub static MAX_BATCH_KEYS: GucSetting<i32> = GucSetting::<i32>::new(10_000);
+pub static MAX_BATCH_KEYS: GucSetting<i32> = GucSetting::<i32>::new(1_000);
 
 pub fn init() {
     GucRegistry::define_int_guc(
@@ -165,7 +165,7 @@ pub fn init() {
     GucRegistry::define_int_guc(
         c"idempotency.max_batch_keys",
         c"Most keys accepted by one idem_*_batch call.",
-        c"Each key of a batch holds one entry of the shared lock table until the transaction ends.",
+        c"Each key of a batch holds one entry of the shared lock table until the transaction ends; raise max_locks_per_transaction with it.",
         &MAX_BATCH_KEYS,
         1,
         1_000_000,

@@ -310,11 +310,11 @@ SELECT * FROM idem_once_batch(ARRAY[repeat('k', 513), 'b-new']);
 SELECT records_digest() = :'d0' AS nothing_written;
 
 -----------------------------------------------------------------------------
--- 54000: more keys than idempotency.max_batch_keys (default 10000).
+-- 54000: more keys than idempotency.max_batch_keys (default 1000).
 -----------------------------------------------------------------------------
-SELECT count(*) FROM idem_claim_batch(ARRAY(SELECT 'big-' || i FROM generate_series(1, 10001) i));
-SELECT count(*) FROM idem_once_batch(ARRAY(SELECT 'big-' || i FROM generate_series(1, 10001) i));
-SELECT idem_complete_batch(ARRAY(SELECT 'big-' || i FROM generate_series(1, 10001) i));
+SELECT count(*) FROM idem_claim_batch(ARRAY(SELECT 'big-' || i FROM generate_series(1, 1001) i));
+SELECT count(*) FROM idem_once_batch(ARRAY(SELECT 'big-' || i FROM generate_series(1, 1001) i));
+SELECT idem_complete_batch(ARRAY(SELECT 'big-' || i FROM generate_series(1, 1001) i));
 SELECT records_digest() = :'d0' AS nothing_written;
 -- The limit is a superuser GUC.
 SET idempotency.max_batch_keys = 3;
