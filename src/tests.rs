@@ -114,4 +114,54 @@ mod tests {
         Spi::run("SELECT idem_claim('u11')").unwrap();
         Spi::run(r#"SELECT idem_complete('u11', '{"k": "abcdefg"}')"#).unwrap();
     }
+
+    #[pg_test]
+    fn offsets_are_a_high_water_mark() {
+        assert_eq!(one::<bool>("SELECT idem_record_offset('g', 't', 0, 5)"), Some(true));
+        assert_eq!(one::<bool>("SELECT idem_record_offset('g', 't', 0, 5)"), Some(false));
+        assert_eq!(one::<bool>("SELECT idem_record_offset('g', 't', 0, 3)"), Some(false));
+        assert_eq!(one::<i64>("SELECT idem_next_offset('g', 't', 0)"), Some(6));
+        assert_eq!(one::<i64>("SELECT idem_next_offset('g', 't', 1)"), None);
+        Spi::run("SELECT idem_reset_offset('g', 't', 0, 2)").unwrap();
+        assert_eq!(one::<i64>("SELECT next_offset FROM idem_offsets('g')"), Some(2));
+    }
+
+    #[pg_test(error = "idempotency: consumer fenced on group \"g\" topic \"t\" partition 0: generation 1 is older than the stored generation 2")]
+    fn an_older_generation_is_fenced() {
+        Spi::run("SELECT idem_record_offset('g', 't', 0, 5, 2)").unwrap();
+        Spi::run("SELECT idem_record_offset('g', 't', 0, 9, 1)").unwrap();
+    }
+
+    #[pg_test]
+    fn a_batch_answers_in_input_order_and_repeats_do_not_claim() {
+        Spi::run("SELECT idem_once('b2')").unwrap();
+        assert_eq!(
+            one::<String>(
+                "SELECT string_agg(key || '=' || outcome, ',') FROM idem_claim_batch(ARRAY['b3','b2','b1','b3'])"
+            )
+            .as_deref(),
+            Some("b3=claimed,b2=completed,b1=claimed,b3=in_progress")
+        );
+        assert_eq!(one::<i32>("SELECT idem_complete_batch(ARRAY['b1','b3'])"), Some(2));
+        assert_eq!(
+            one::<String>("SELECT string_agg(k, ',') FROM idem_once_batch(ARRAY['b1','b9','b9','b8']) k").as_deref(),
+            Some("b9,b8")
+        );
+    }
+
+    #[pg_test(error = "idempotency: batch has 4 keys, over the limit of 3")]
+    fn a_batch_over_the_limit_is_an_error() {
+        Spi::run("SET LOCAL idempotency.max_batch_keys = 3").unwrap();
+        Spi::run("SELECT idem_once_batch(ARRAY['1','2','3','4'])").unwrap();
+    }
+
+    #[pg_test]
+    fn maintenance_drops_partitions_older_than_retention() {
+        Spi::run("SELECT idempotency.premake_partitions(now() - interval '20 days')").unwrap();
+        let old = "SELECT count(*) FROM idempotency.partitions WHERE range_to <= now() - interval '7 days'";
+        assert!(one::<i64>(old).unwrap() >= 5);
+        let dropped = one::<i32>("SELECT partitions_dropped FROM idem_maintenance(now())").unwrap();
+        assert!(dropped >= 5, "{dropped}");
+        assert_eq!(one::<i64>(old), Some(0));
+    }
 }
