@@ -1,6 +1,6 @@
 //! Every error the API raises, with its SQLSTATE. The README's SQLSTATE table documents these.
-use pgrx::prelude::*;
 use pgrx::pg_sys::panic::ErrorReport;
+use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode as Code;
 
 fn raise(code: Code, message: String, hint: Option<&str>) -> ! {
@@ -71,7 +71,11 @@ pub fn serialization_failure(scope: &str, key: &str) -> ! {
 
 /// 22003: a number that cannot be stored.
 pub fn out_of_range(name: &str, value: i64) -> ! {
-    raise(Code::ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE, format!("idempotency: {name} {value} is out of range"), None)
+    raise(
+        Code::ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE,
+        format!("idempotency: {name} {value} is out of range"),
+        None,
+    )
 }
 
 /// 55006: a consumer of an older group generation (a zombie) tried to move an offset.

@@ -37,7 +37,8 @@ pub static RETENTION_S: GucSetting<i32> = GucSetting::<i32>::new(7 * 24 * 60 * 6
 pub static MAINTENANCE_INTERVAL_S: GucSetting<i32> = GucSetting::<i32>::new(60);
 /// Databases the background worker maintains, comma-separated.
 pub static DATABASE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"postgres"));
-pub static PARTITION_MANAGER: GucSetting<PartitionManager> = GucSetting::<PartitionManager>::new(PartitionManager::Builtin);
+pub static PARTITION_MANAGER: GucSetting<PartitionManager> =
+    GucSetting::<PartitionManager>::new(PartitionManager::Builtin);
 /// A lease that expired this long ago (seconds) and was never taken over is reclaimed.
 pub static RECLAIM_AFTER_S: GucSetting<i32> = GucSetting::<i32>::new(60 * 60);
 /// How long dropping a partition may wait for its lock before it is left for the next round (ms).

@@ -126,7 +126,9 @@ mod tests {
         assert_eq!(one::<i64>("SELECT next_offset FROM idem_offsets('g')"), Some(2));
     }
 
-    #[pg_test(error = "idempotency: consumer fenced on group \"g\" topic \"t\" partition 0: generation 1 is older than the stored generation 2")]
+    #[pg_test(
+        error = "idempotency: consumer fenced on group \"g\" topic \"t\" partition 0: generation 1 is older than the stored generation 2"
+    )]
     fn an_older_generation_is_fenced() {
         Spi::run("SELECT idem_record_offset('g', 't', 0, 5, 2)").unwrap();
         Spi::run("SELECT idem_record_offset('g', 't', 0, 9, 1)").unwrap();
@@ -144,7 +146,8 @@ mod tests {
         );
         assert_eq!(one::<i32>("SELECT idem_complete_batch(ARRAY['b1','b3'])"), Some(2));
         assert_eq!(
-            one::<String>("SELECT string_agg(k, ',') FROM idem_once_batch(ARRAY['b1','b9','b9','b8']) k").as_deref(),
+            one::<String>("SELECT string_agg(k, ',') FROM idem_once_batch(ARRAY['b1','b9','b9','b8']) k")
+                .as_deref(),
             Some("b9,b8")
         );
     }

@@ -32,7 +32,11 @@ pub fn register() {
 #[no_mangle]
 pub extern "C-unwind" fn idem_launcher_main(_arg: pg_sys::Datum) {
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
-    log!("idempotency launcher started: maintaining {:?} every {:?}", gucs::databases(), gucs::maintenance_interval());
+    log!(
+        "idempotency launcher started: maintaining {:?} every {:?}",
+        gucs::databases(),
+        gucs::maintenance_interval()
+    );
     loop {
         for db in gucs::databases() {
             maintain(&db);
@@ -63,7 +67,9 @@ fn maintain(db: &str) {
         Ok(worker) => {
             let _ = worker.wait_for_shutdown();
         }
-        Err(_) => warning!("idempotency: could not start a maintenance worker for {db:?} (max_worker_processes?)"),
+        Err(_) => {
+            warning!("idempotency: could not start a maintenance worker for {db:?} (max_worker_processes?)")
+        }
     }
 }
 
@@ -74,7 +80,9 @@ pub extern "C-unwind" fn idem_maintenance_main(_arg: pg_sys::Datum) {
     let db = BackgroundWorker::get_extra().to_string();
     BackgroundWorker::connect_worker_to_spi(Some(&db), None);
     let round = BackgroundWorker::transaction(|| {
-        let installed = Spi::get_one::<bool>("SELECT EXISTS (SELECT FROM pg_catalog.pg_extension WHERE extname = 'idempotency')");
+        let installed = Spi::get_one::<bool>(
+            "SELECT EXISTS (SELECT FROM pg_catalog.pg_extension WHERE extname = 'idempotency')",
+        );
         if installed != Ok(Some(true)) {
             return None;
         }

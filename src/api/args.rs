@@ -36,7 +36,9 @@ pub fn ttl(ttl: Option<Interval>) -> Interval {
         Interval::new(0, 0, gucs::lease_ttl_ms() * 1000).expect("lease_ttl is a valid interval")
     });
     // PostgreSQL compares intervals with 30-day months; so do we.
-    let micros = ttl.months() as i128 * 30 * 86_400_000_000 + ttl.days() as i128 * 86_400_000_000 + ttl.micros() as i128;
+    let micros = ttl.months() as i128 * 30 * 86_400_000_000
+        + ttl.days() as i128 * 86_400_000_000
+        + ttl.micros() as i128;
     if micros <= 0 {
         errors::invalid(format!("ttl must be positive, got {ttl}"));
     }

@@ -95,7 +95,10 @@ fn idem_complete_batch(
 
 #[pg_extern(security_definer, volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
-fn idem_once_batch(keys: Option<Vec<Option<String>>>, scope: default!(Option<&str>, "'default'")) -> SetOfIterator<'static, String> {
+fn idem_once_batch(
+    keys: Option<Vec<Option<String>>>,
+    scope: default!(Option<&str>, "'default'"),
+) -> SetOfIterator<'static, String> {
     let owned = keys;
     let keys = self::keys(&owned);
     let scope = args::ident("scope", scope);

@@ -37,7 +37,13 @@ fn idem_claim(
     let fingerprint = args::fingerprint(fingerprint);
     let wait = args::required("wait", wait);
     let c = records::claim(k, ttl, fingerprint, wait);
-    TableIterator::once((c.outcome.as_str().to_string(), c.token, c.attempts, c.payload, c.expires_at.map(ts)))
+    TableIterator::once((
+        c.outcome.as_str().to_string(),
+        c.token,
+        c.attempts,
+        c.payload,
+        c.expires_at.map(ts),
+    ))
 }
 
 #[pg_extern(security_definer, volatile, parallel_unsafe)]
@@ -110,7 +116,16 @@ fn idem_status(
 > {
     let k = args::key(key, scope);
     let rows = records::status(k).map(|r| {
-        (r.status, r.attempts, r.token, r.payload, r.error, ts(r.created_at), ts(r.updated_at), r.expires_at.map(ts))
+        (
+            r.status,
+            r.attempts,
+            r.token,
+            r.payload,
+            r.error,
+            ts(r.created_at),
+            ts(r.updated_at),
+            r.expires_at.map(ts),
+        )
     });
     TableIterator::new(rows)
 }

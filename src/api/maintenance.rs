@@ -30,10 +30,8 @@ static PARTMAN_SCHEMA: spi::Stmt = spi::Stmt {
            WHERE e.extname = 'pg_partman'",
     args: &[],
 };
-static FIRST_PARTITION: spi::Stmt = spi::Stmt {
-    sql: "SELECT min(range_from)::text FROM idempotency.partitions",
-    args: &[],
-};
+static FIRST_PARTITION: spi::Stmt =
+    spi::Stmt { sql: "SELECT min(range_from)::text FROM idempotency.partitions", args: &[] };
 
 /// Registers `idempotency.records` with pg_partman 4.x, so that its `run_maintenance()`
 /// premakes and drops partitions from now on, with the premake and retention of the GUCs.
@@ -48,7 +46,11 @@ fn idem_partman_handover() -> String {
     let conn = spi::Conn::open();
     let schema: Option<String> = {
         let rows = conn.run(&PARTMAN_SCHEMA, &[], spi::Snap::Statement);
-        if rows.len() == 0 { None } else { rows.get(0, 1) }
+        if rows.len() == 0 {
+            None
+        } else {
+            rows.get(0, 1)
+        }
     };
     let Some(schema) = schema else { errors::partman_missing() };
     let start: Option<String> = conn.run(&FIRST_PARTITION, &[], spi::Snap::Statement).get(0, 1);
@@ -56,7 +58,9 @@ fn idem_partman_handover() -> String {
     let interval = format!("{} seconds", gucs::partition_interval_s());
     let start = start.map(|s| spi::quote_literal(&s)).unwrap_or_else(|| "NULL".into());
     let registered = conn
-        .execute(&format!("SELECT EXISTS (SELECT FROM {schema}.part_config WHERE parent_table = 'idempotency.records')"))
+        .execute(&format!(
+            "SELECT EXISTS (SELECT FROM {schema}.part_config WHERE parent_table = 'idempotency.records')"
+        ))
         .get::<bool>(0, 1);
     if registered != Some(true) {
         conn.execute(&format!(

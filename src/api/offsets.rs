@@ -40,7 +40,11 @@ fn idem_record_offset(
 
 #[pg_extern(security_definer, volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
-fn idem_next_offset(consumer_group: Option<&str>, topic: Option<&str>, partition: Option<i32>) -> Option<i64> {
+fn idem_next_offset(
+    consumer_group: Option<&str>,
+    topic: Option<&str>,
+    partition: Option<i32>,
+) -> Option<i64> {
     offsets::next(position(consumer_group, topic, partition))
 }
 
@@ -62,7 +66,13 @@ fn idem_offsets(
     let group = args::ident("consumer_group", consumer_group);
     let topic = topic.map(|t| args::ident("topic", Some(t)));
     TableIterator::new(offsets::list(group, topic).into_iter().map(|o| {
-        (o.topic, o.partition, o.next_offset, o.generation, TimestampWithTimeZone::try_from(o.updated_at).expect("valid timestamp"))
+        (
+            o.topic,
+            o.partition,
+            o.next_offset,
+            o.generation,
+            TimestampWithTimeZone::try_from(o.updated_at).expect("valid timestamp"),
+        )
     }))
 }
 

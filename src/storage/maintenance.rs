@@ -61,7 +61,13 @@ fn reclaim(conn: &Conn, cutoff: pg_sys::TimestampTz) -> i64 {
     let stuck: Vec<(String, String, pg_sys::TimestampTz)> = {
         let rows = conn.run(&STUCK_LEASES, &[cutoff, arg(RECLAIM_PER_ROUND)], Snap::Statement);
         (0..rows.len())
-            .map(|i| (rows.get(i, 1).expect("scope"), rows.get(i, 2).expect("key"), rows.get_ts(i, 3).expect("created_at")))
+            .map(|i| {
+                (
+                    rows.get(i, 1).expect("scope"),
+                    rows.get(i, 2).expect("key"),
+                    rows.get_ts(i, 3).expect("created_at"),
+                )
+            })
             .collect()
     };
     let mut reclaimed = 0;
@@ -70,7 +76,11 @@ fn reclaim(conn: &Conn, cutoff: pg_sys::TimestampTz) -> i64 {
             continue;
         }
         let created_at = arg(TimestampWithTimeZone::try_from(*created_at).expect("valid timestamp"));
-        let rows = conn.run(&RECLAIM, &[arg(scope.as_str()), arg(key.as_str()), created_at, cutoff], Snap::Statement);
+        let rows = conn.run(
+            &RECLAIM,
+            &[arg(scope.as_str()), arg(key.as_str()), created_at, cutoff],
+            Snap::Statement,
+        );
         reclaimed += rows.len() as i64;
     }
     reclaimed

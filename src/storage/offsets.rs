@@ -50,7 +50,12 @@ pub struct Position<'a> {
 
 /// Locks the position's row, creating it with `init` when absent. Returns the stored
 /// (next_offset, generation), or None when the row was just created from `init`.
-fn lock_or_create(conn: &Conn, p: Position, init: i64, generation: Option<i64>) -> Option<(i64, Option<i64>)> {
+fn lock_or_create(
+    conn: &Conn,
+    p: Position,
+    init: i64,
+    generation: Option<i64>,
+) -> Option<(i64, Option<i64>)> {
     let key = [arg(p.group), arg(p.topic), arg(p.partition)];
     loop {
         let rows = conn.run(&LOCK_ROW, &key, Snap::Statement);
@@ -72,7 +77,8 @@ fn lock_or_create(conn: &Conn, p: Position, init: i64, generation: Option<i64>) 
 /// Advances the position past `processed`. Returns false (and changes nothing but a newer
 /// generation) when `processed` is not beyond the stored position.
 pub fn record(p: Position, processed: i64, generation: Option<i64>) -> bool {
-    let next = processed.checked_add(1).unwrap_or_else(|| errors::out_of_range("processed_offset", processed));
+    let next =
+        processed.checked_add(1).unwrap_or_else(|| errors::out_of_range("processed_offset", processed));
     let conn = Conn::open();
     let Some((stored_next, stored_gen)) = lock_or_create(&conn, p, next, generation) else {
         return true;

@@ -131,7 +131,11 @@ pub struct Dropped {
 pub fn drop_expired(conn: &Conn, as_of: pg_sys::TimestampTz) -> Dropped {
     let cutoff = as_of - gucs::retention_s() * 1_000_000;
     let names: Vec<String> = {
-        let rows = conn.run(&EXPIRED, &[arg(TimestampWithTimeZone::try_from(cutoff).expect("valid timestamp"))], Snap::Latest);
+        let rows = conn.run(
+            &EXPIRED,
+            &[arg(TimestampWithTimeZone::try_from(cutoff).expect("valid timestamp"))],
+            Snap::Latest,
+        );
         (0..rows.len()).filter_map(|i| rows.get::<String>(i, 1)).collect()
     };
     let mut done = Dropped::default();

@@ -309,7 +309,13 @@ fn report(outcome: Outcome, rec: Record) -> Claim {
 fn settled(rec: Record, fingerprint: Option<&str>) -> Result<Claim, Record> {
     if let (Some(stored), Some(given)) = (rec.fingerprint.as_deref(), fingerprint) {
         if stored != given {
-            return Ok(Claim { outcome: Outcome::Mismatch, token: None, attempts: Some(rec.attempts), payload: None, expires_at: None });
+            return Ok(Claim {
+                outcome: Outcome::Mismatch,
+                token: None,
+                attempts: Some(rec.attempts),
+                payload: None,
+                expires_at: None,
+            });
         }
     }
     match rec.status {
@@ -326,10 +332,17 @@ pub fn claim(k: Key, ttl: Interval, fingerprint: Option<&str>, wait: bool) -> Cl
         // Another open transaction holds the key: report what is settled, never write.
         return match lookup(&conn, k) {
             Some(rec) => claim_existing(&conn, k, rec, ttl, fingerprint, false),
-            None => Claim { outcome: Outcome::InProgress, token: None, attempts: None, payload: None, expires_at: None },
+            None => Claim {
+                outcome: Outcome::InProgress,
+                token: None,
+                attempts: None,
+                payload: None,
+                expires_at: None,
+            },
         };
     }
-    let rows = conn.run(&LOOKUP_OR_CLAIM, &[arg(k.scope), arg(k.key), arg(fingerprint), arg(ttl)], Snap::Latest);
+    let rows =
+        conn.run(&LOOKUP_OR_CLAIM, &[arg(k.scope), arg(k.key), arg(fingerprint), arg(ttl)], Snap::Latest);
     expect_one(&rows, "claim");
     if rows.get::<String>(0, 1).is_some() {
         let rec = Record::from_row(&rows, 0, k);
@@ -345,7 +358,14 @@ pub fn claim(k: Key, ttl: Interval, fingerprint: Option<&str>, wait: bool) -> Cl
 }
 
 /// The claim of a key that has a record. `locked` says whether we hold the key's lock.
-fn claim_existing(conn: &Conn, k: Key, rec: Record, ttl: Interval, fingerprint: Option<&str>, locked: bool) -> Claim {
+fn claim_existing(
+    conn: &Conn,
+    k: Key,
+    rec: Record,
+    ttl: Interval,
+    fingerprint: Option<&str>,
+    locked: bool,
+) -> Claim {
     let rec = match settled(rec, fingerprint) {
         Ok(answer) => return answer,
         Err(pending) => pending,
@@ -362,9 +382,19 @@ fn claim_existing(conn: &Conn, k: Key, rec: Record, ttl: Interval, fingerprint: 
             "last_error": rec.document.as_ref().map(|d| &d.0),
         });
         let text = error.to_string();
-        let rows = conn.run(&MARK_FAILED, &[scope, key, ts_arg(rec.created_at), arg(text.as_str())], Snap::Statement);
+        let rows = conn.run(
+            &MARK_FAILED,
+            &[scope, key, ts_arg(rec.created_at), arg(text.as_str())],
+            Snap::Statement,
+        );
         expect_one(&rows, "mark failed");
-        return Claim { outcome: Outcome::Failed, token: None, attempts: Some(rec.attempts), payload: Some(JsonB(error)), expires_at: None };
+        return Claim {
+            outcome: Outcome::Failed,
+            token: None,
+            attempts: Some(rec.attempts),
+            payload: Some(JsonB(error)),
+            expires_at: None,
+        };
     }
     let rows = conn.run(
         &TAKE_OVER,
@@ -396,7 +426,16 @@ pub fn claim_batch(scope: &str, keys: &[&str], ttl: Interval) -> Vec<Claim> {
         for i in 0..rows.len() {
             let key: String = rows.get(i, 1).expect("key");
             let slot = *missing.iter().find(|m| **m == key).expect("inserted key was asked for");
-            answers.insert(slot, Claim { outcome: Outcome::Claimed, token: rows.get(i, 2), attempts: Some(1), payload: None, expires_at: rows.get_ts(i, 3) });
+            answers.insert(
+                slot,
+                Claim {
+                    outcome: Outcome::Claimed,
+                    token: rows.get(i, 2),
+                    attempts: Some(1),
+                    payload: None,
+                    expires_at: rows.get_ts(i, 3),
+                },
+            );
         }
     }
     for key in &distinct {
@@ -435,11 +474,9 @@ fn check_held(k: Key, rec: Option<Record>, token: Option<i64>) -> Record {
     }
     match rec.token {
         None => errors::lease_lost(k.scope, k.key, "the key was released after a retryable failure"),
-        Some(_) if token.is_none() && !rec.written_by_this_transaction() => errors::lease_lost(
-            k.scope,
-            k.key,
-            "no token given and the claim was made by another transaction",
-        ),
+        Some(_) if token.is_none() && !rec.written_by_this_transaction() => {
+            errors::lease_lost(k.scope, k.key, "no token given and the claim was made by another transaction")
+        }
         Some(_) => rec,
     }
 }
@@ -492,14 +529,20 @@ pub fn once(k: Key) -> bool {
 
 /// Completes several claimed keys of one scope; every key must be held by the caller (see
 /// [`check_held`]) or nothing is written. Returns how many were completed.
-pub fn complete_batch(scope: &str, keys: &[&str], payloads: &[Option<String>], tokens: &[Option<i64>]) -> i64 {
+pub fn complete_batch(
+    scope: &str,
+    keys: &[&str],
+    payloads: &[Option<String>],
+    tokens: &[Option<i64>],
+) -> i64 {
     let conn = Conn::open();
     lock_all(scope, keys);
     let mut found = lookup_many(&conn, scope, keys);
     for (key, token) in keys.iter().zip(tokens) {
         check_held(Key { scope, key }, found.remove(*key), *token);
     }
-    let rows = conn.run(&COMPLETE_MANY, &[arg(scope), arg(keys.to_vec()), arg(payloads.to_vec())], Snap::Statement);
+    let rows =
+        conn.run(&COMPLETE_MANY, &[arg(scope), arg(keys.to_vec()), arg(payloads.to_vec())], Snap::Statement);
     rows.len() as i64
 }
 
