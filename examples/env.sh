@@ -1,10 +1,11 @@
 # Sourced by examples/stack and examples/<lang>/run: where the examples' cluster and broker live.
 # Override IDEM_PORT / KAFKA_BOOTSTRAP to point the examples at your own.
-source "$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/scripts/lib.sh"
+# (set before lib.sh, whose defaults are the project's other port)
 export IDEM_PORT="${IDEM_PORT:-54375}"
 export IDEM_SOCKDIR="${IDEM_SOCKDIR:-/tmp/idem-sock-$IDEM_PORT}"
 export IDEM_PGDATA="${IDEM_PGDATA:-/tmp/idem-data-$IDEM_PORT}"
 export KAFKA_BOOTSTRAP="${KAFKA_BOOTSTRAP:-127.0.0.1:54376}"
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/scripts/lib.sh"
 EXAMPLES="$ROOT/examples"
 
 # A fresh database named $1 with the extension, for one example.

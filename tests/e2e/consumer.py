@@ -186,7 +186,7 @@ class Worker:
             if done:
                 try:
                     self.db.execute(
-                        "SELECT idem_complete_batch(%s, %s::jsonb[], 'payment', %s)",
+                        "SELECT idem_complete_batch(%s, %s::jsonb[], 'payment', %s::bigint[])",
                         ([k for k, _, _ in done], [Jsonb({"charge": c}) for _, _, c in done],
                          [t for _, t, _ in done]))
                     charges.update({k: c for k, _, c in done})
@@ -195,7 +195,7 @@ class Worker:
                     # the lost keys go round again and replay the new holder's result
                     for key, token, charge in done:
                         try:
-                            self.db.execute("SELECT idem_complete(%s, %s, 'payment', %s)",
+                            self.db.execute("SELECT idem_complete(%s, %s, 'payment', %s::bigint)",
                                             (key, Jsonb({"charge": charge}), token))
                             charges[key] = charge
                         except psycopg.errors.ObjectInUse:

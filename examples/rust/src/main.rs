@@ -72,6 +72,7 @@ async fn run_job(w: &mut Worker, topic: &str, job: &Job, stall: bool) -> Result<
     let worker = w.name;
     let db = &mut w.db;
     // 1. claim (its own transaction): wait while another holder's lease is live
+    let mut seen_until = String::new();
     let token: i64 = loop {
         let row = db
             .query_one(
@@ -84,8 +85,11 @@ async fn run_job(w: &mut Worker, topic: &str, job: &Job, stall: bool) -> Result<
             "claimed" => break row.get(1),
             "completed" => return Ok(Done::Replayed(row.get(2))),
             "in_progress" => {
-                println!("  {worker}: {} is leased by another worker until {}, waiting", job.key,
-                         row.get::<_, Option<&str>>(3).unwrap_or("?"));
+                let until: &str = row.get::<_, Option<&str>>(3).unwrap_or("?");
+                if until != seen_until {
+                    println!("  {worker}: {} is leased by another worker until {until}, waiting", job.key);
+                    seen_until = until.to_string();
+                }
                 sleep(Duration::from_millis(500)).await;
             }
             other => return Err(format!("{}: {other}", job.key).into()),
@@ -161,16 +165,16 @@ async fn main() -> Result<(), Error> {
     let kafka = ClientBuilder::new(vec![std::env::var("KAFKA_BOOTSTRAP")?]).build().await?;
     kafka.controller_client()?.create_topic(&topic, 1, 1, 5_000).await?;
     let partition = kafka.partition_client(topic.clone(), 0, UnknownTopicHandling::Retry).await?;
-    let records = ["render-1:4", "render-2:3", "render-2:3", "render-3:8", "render-4:3"]
-        .iter()
-        .map(|v| Record {
+    for job in ["render-1:4", "render-2:3", "render-2:3", "render-3:8", "render-4:3"] {
+        // one record per batch: tansu 0.6 cannot fetch from an offset inside a batch
+        let record = Record {
             key: None,
-            value: Some(v.as_bytes().to_vec()),
+            value: Some(job.as_bytes().to_vec()),
             headers: Default::default(),
             timestamp: chrono::Utc::now(),
-        })
-        .collect();
-    partition.produce(records, Compression::NoCompression).await?;
+        };
+        partition.produce(vec![record], Compression::NoCompression).await?;
+    }
 
     // Resume from the offset stored in the database (none yet: from the start).
     let next: Option<i64> = setup
