@@ -16,8 +16,9 @@ message exactly once, with both side effects:
    idem_offsets(), not to the broker's committed offset.
 
 Chaos hooks: the driver may write a point name into RUN_DIR/arm-<cid>; the consumer then kills itself
-with SIGKILL when it reaches that point (in_assign, after_http, mid_txn, after_commit). SIGTERM means
-leave the group cleanly. Every event goes to RUN_DIR/c<cid>.<pid>.jsonl, one unbuffered line each, so
+with SIGKILL when it reaches that point (in_assign, after_http, mid_txn, after_commit), or, for
+freeze_after_http and freeze_before_txn, stops itself with SIGSTOP until the driver sends SIGCONT (a
+zombie that wakes up after its session and its leases ended). SIGTERM means leave the group cleanly. Every event goes to RUN_DIR/c<cid>.<pid>.jsonl, one unbuffered line each, so
 nothing is lost to kill -9.
 
 Usage: consumer.py CID   (the rest comes from the environment; see e2e.py)
@@ -59,6 +60,11 @@ def chaos_point(point):
         os.unlink(path)
         event("selfkill", point=point)
         os.kill(os.getpid(), signal.SIGKILL)
+    if armed == "freeze_" + point:
+        os.unlink(path)
+        event("selffreeze", point=point)
+        os.kill(os.getpid(), signal.SIGSTOP)  # the driver sends SIGCONT later
+        event("thawed", point=point)
 
 
 def on_sigterm(*_):
@@ -169,16 +175,15 @@ class Worker:
                     busy.append(key)
                 else:
                     raise RuntimeError(f"payment {key}: {outcome} {payload}")
-            done, last_beat = [], time.monotonic()
+            done, last_beat, lost = [], time.monotonic(), set()
             for i, (key, token) in enumerate(mine):
+                if key in lost:
+                    continue
                 if time.monotonic() - last_beat > LEASE / 3:  # a long batch: extend the leases left
-                    left = mine[i:]
-                    self.db.execute(
-                        "SELECT idem_heartbeat(k, make_interval(secs => %s), 'payment', t) "
-                        "FROM unnest(%s::text[], %s::bigint[]) AS u(k, t)",
-                        (LEASE, [k for k, _ in left], [t for _, t in left])).fetchall()
-                    st["heartbeats"] += 1
+                    lost |= self.heartbeat(mine[i:], st)
                     last_beat = time.monotonic()
+                    if key in lost:  # taken over while we were slow: the new holder does it
+                        continue
                 body, dedup = self.provider.charge(key, amounts[key])
                 st["provider_dedup"] += dedup
                 chaos_point("after_http")
@@ -201,11 +206,32 @@ class Worker:
                         except psycopg.errors.ObjectInUse:
                             st["fenced"] += 1
                             busy.append(key)
+            busy += sorted(lost)
             todo = busy
             if busy:
                 st["waited"] += len(busy)
                 time.sleep(0.5)
         return charges, st
+
+    def heartbeat(self, leases, st):
+        """Extend the leases of [(key, token)]; return the keys whose lease was lost (55006)."""
+        st["heartbeats"] += 1
+        try:
+            self.db.execute(
+                "SELECT idem_heartbeat(k, make_interval(secs => %s), 'payment', t) "
+                "FROM unnest(%s::text[], %s::bigint[]) AS u(k, t)",
+                (LEASE, [k for k, _ in leases], [t for _, t in leases])).fetchall()
+            return set()
+        except psycopg.errors.ObjectInUse:  # one at least was taken over: find which, keep the others
+            lost = set()
+            for key, token in leases:
+                try:
+                    self.db.execute("SELECT idem_heartbeat(%s, make_interval(secs => %s), 'payment', %s)",
+                                    (key, LEASE, token))
+                except psycopg.errors.ObjectInUse:
+                    lost.add(key)
+            st["fenced"] += len(lost)
+            return lost
 
     # ---- the ledger and the offset, inside the database (one transaction) -------------------
     def apply(self, msgs, charges):
@@ -261,6 +287,7 @@ class Worker:
                 spans.setdefault(m["partition"], []).append(m["offset"])
             event("poll", gen=self.generation, offsets=spans)
             charges, pay_st = self.pay(msgs)
+            chaos_point("before_txn")
             try:
                 ledger_st, last = self.apply(msgs, charges)
             except Fenced as e:

@@ -25,11 +25,17 @@ from confluent_kafka.admin import AdminClient, NewTopic
 HERE = os.path.dirname(os.path.abspath(__file__))
 PY = sys.executable
 PROFILES = {
-    #          messages  partitions consumers produce_s chaos_s  chaos gap (s)
-    "quick": dict(m=5000, parts=6, k=4, produce_s=70, chaos_s=80, gap=(2.0, 6.0), drain_s=120),
-    "long": dict(m=20000, parts=6, k=4, produce_s=330, chaos_s=360, gap=(2.0, 7.0), drain_s=240),
+    # chaos runs for chaos_s, longer (up to chaos_max_s) until min_kills kills happened; the producer
+    # spreads its messages over produce_s; an action every gap seconds
+    "quick": dict(m=5000, parts=6, k=4, produce_s=70, chaos_s=80, chaos_max_s=80, min_kills=0,
+                  gap=(2.0, 5.0), drain_s=120),
+    "long": dict(m=20000, parts=6, k=4, produce_s=330, chaos_s=360, chaos_max_s=480, min_kills=50,
+                 gap=(2.0, 6.0), drain_s=240),
 }
-POINTS = ["in_assign", "after_http", "mid_txn", "after_commit"]
+# where an armed consumer kills itself (SIGKILL) or freezes itself (SIGSTOP, woken by the driver)
+KILL_POINTS = ["in_assign", "after_http", "mid_txn", "after_commit"]
+FREEZE_POINTS = ["freeze_after_http", "freeze_before_txn"]
+FREEZE_S = 14  # longer than the session timeout (6 s) and the payment lease (8 s)
 
 
 def log(msg):
@@ -44,6 +50,7 @@ class Fleet:
         self.procs, self.next_cid = {}, 0
         self.restart_at = {}                  # cid -> when to restart a dead member
         self.frozen = {}                      # cid -> when to SIGCONT
+        self.freeze_armed = set()             # cids armed to stop themselves
         self.count = collections.Counter()
 
     def spawn(self, cid=None):
@@ -70,6 +77,13 @@ class Fleet:
             if at <= now:
                 del self.restart_at[cid]
                 self.spawn(cid)
+        for cid in list(self.freeze_armed):  # a consumer that stopped itself: wake it in FREEZE_S
+            p = self.procs.get(cid)
+            if p is None or p.poll() is not None:
+                self.freeze_armed.discard(cid)
+            elif process_state(p.pid) == "T":
+                self.freeze_armed.discard(cid)
+                self.frozen[cid] = now + FREEZE_S
         for cid, at in list(self.frozen.items()):
             if at <= now:
                 del self.frozen[cid]
@@ -84,10 +98,12 @@ class Fleet:
     def arm(self, cid, point):
         with open(f"{self.run_dir}/arm-{cid}", "w") as f:
             f.write(point)
-        self.count["armed"] += 1
+        if point.startswith("freeze_"):
+            self.freeze_armed.add(cid)
 
     def remove(self, cid):
         self.restart_at.pop(cid, None)
+        self.freeze_armed.discard(cid)
         if self.frozen.pop(cid, None) is not None and self.procs[cid].poll() is None:
             os.kill(self.procs[cid].pid, signal.SIGCONT)
         self.procs[cid].send_signal(signal.SIGTERM)
@@ -105,10 +121,11 @@ class Fleet:
         self.count["frozen past session and lease (zombie)"] += 1
 
     def stop_all(self):
-        for cid in list(self.frozen):
+        for cid in list(self.frozen) + list(self.freeze_armed):
             if self.procs[cid].poll() is None:
                 os.kill(self.procs[cid].pid, signal.SIGCONT)
         self.frozen.clear()
+        self.freeze_armed.clear()
         for p in self.procs.values():
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
@@ -118,6 +135,14 @@ class Fleet:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+
+
+def process_state(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
 
 
 def setup_db(dsn, db):
@@ -148,6 +173,14 @@ def high_watermarks(bootstrap, topic, parts):
 def stored_offsets(db, group, topic):
     return {p: n for _, p, n, _, _ in
             db.execute("SELECT * FROM idem_offsets(%s, %s)", (group, topic)).fetchall()}
+
+
+def kills_so_far(run_dir, fleet):
+    selfkills = 0
+    for path in glob.glob(f"{run_dir}/c*.jsonl"):
+        with open(path) as f:
+            selfkills += f.read().count('"ev": "selfkill"')
+    return fleet.count["kill -9 (external, random moment)"] + selfkills
 
 
 def read_events(run_dir):
@@ -212,45 +245,68 @@ def main():
         t0 = time.monotonic()
         next_action = t0 + random.uniform(*cfg["gap"])
         last_report = t0
-        while time.monotonic() - t0 < cfg["chaos_s"]:
+        kill_points = KILL_POINTS * 1000
+        random.shuffle(kill_points)
+        points = iter(kill_points)
+        freeze_points = iter(FREEZE_POINTS * 1000)
+        while True:
+            elapsed = time.monotonic() - t0
+            if elapsed >= cfg["chaos_max_s"] or (elapsed >= cfg["chaos_s"] and
+                                                 kills_so_far(run_dir, fleet) >= cfg["min_kills"]):
+                break
             fleet.reap()
             now = time.monotonic()
             if now >= next_action:
                 next_action = now + random.uniform(*cfg["gap"])
-                alive = [c for c in fleet.alive() if c not in fleet.frozen]
+                alive = [c for c in fleet.alive() if c not in fleet.frozen and c not in fleet.freeze_armed
+                         and not os.path.exists(f"{run_dir}/arm-{c}")]
                 r = random.random()
                 if not alive:
                     pass
                 elif r < 0.40:
                     fleet.kill9(random.choice(alive))
-                elif r < 0.75:
-                    fleet.arm(random.choice(alive), random.choice(POINTS))
-                elif r < 0.83 and len(fleet.procs) < cfg["k"] + 2:
+                elif r < 0.70:
+                    fleet.arm(random.choice(alive), next(points))
+                elif r < 0.78:
+                    if not fleet.frozen and not fleet.freeze_armed:
+                        fleet.arm(random.choice(alive), next(freeze_points))
+                elif r < 0.85 and len(fleet.procs) < cfg["k"] + 2:
                     fleet.spawn()
                     fleet.count["members added"] += 1
-                elif r < 0.91 and len(fleet.procs) > max(1, cfg["k"] - 2):
+                elif r < 0.92 and len(fleet.procs) > max(1, cfg["k"] - 2):
                     fleet.remove(random.choice(alive))
-                elif not fleet.frozen:
-                    fleet.freeze(random.choice(alive), 14)
+                elif not fleet.frozen and not fleet.freeze_armed:
+                    fleet.freeze(random.choice(alive), FREEZE_S)
             if now - last_report > 30:
                 last_report = now
-                log(f"chaos: {dict(fleet.count)}; {len(fleet.alive())} consumers alive")
+                log(f"chaos: {kills_so_far(run_dir, fleet)} kills; {dict(fleet.count)}; "
+                    f"{len(fleet.alive())} consumers alive")
             time.sleep(0.1)
+        chaos_s = time.monotonic() - t0
 
         # ---- drain ---------------------------------------------------------------------------
         log("chaos over: back to the base group, waiting for the producer and the drain")
         for path in glob.glob(f"{run_dir}/arm-*"):
             os.unlink(path)
+        time.sleep(1)
+        for cid in list(fleet.freeze_armed):  # stopped already: thawed as planned; else never will be
+            fleet.freeze_armed.discard(cid)
+            if fleet.procs[cid].poll() is None and process_state(fleet.procs[cid].pid) == "T":
+                fleet.frozen[cid] = time.monotonic() + FREEZE_S
         while len(fleet.procs) > cfg["k"]:
             fleet.remove(max(fleet.procs))
-        while time.monotonic() - t0 < cfg["chaos_s"] + 5 or fleet.restart_at or fleet.frozen:
+        while time.monotonic() - t0 < chaos_s + 5 or fleet.restart_at or fleet.frozen or fleet.freeze_armed:
             fleet.reap(restart_delay=(0, 0))
             time.sleep(0.1)
         while len(fleet.procs) < cfg["k"]:
             fleet.spawn()
         if producer.wait(300) != 0:
             raise SystemExit("producer failed: see producer.out")
-        high = high_watermarks(bootstrap, topic, cfg["parts"])
+        with open(produced_file) as f:  # the end of each partition, from the producer's delivery reports
+            high = {int(p): n for p, n in json.load(f)["ends"].items()}
+        broker_high = high_watermarks(bootstrap, topic, cfg["parts"])
+        if broker_high != high:
+            log(f"note: the broker's high watermarks {broker_high} differ from the delivery reports {high}")
         db = psycopg.connect(dsn + f" dbname={dbname}", autocommit=True)
         deadline = time.monotonic() + cfg["drain_s"]
         while time.monotonic() < deadline:
@@ -258,7 +314,7 @@ def main():
             if stored_offsets(db, group, topic) == high:
                 break
             time.sleep(0.5)
-        drain = time.monotonic() - t0 - cfg["chaos_s"]
+        drain = time.monotonic() - t0 - chaos_s
         fleet.stop_all()
         stats = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{provider_port}/stats").read())
         violations = verify(db, group, topic, high, produced_file, stats)
@@ -332,6 +388,8 @@ def figures(run_dir, fleet, produced_file, stats, db, violations, drain, gen_mod
                 c["payment " + k] += n
         elif e["ev"] == "selfkill":
             c["kill -9 at " + e["point"]] += 1
+        elif e["ev"] == "selffreeze":
+            c["frozen at " + e["point"]] += 1
         elif e["ev"] in ("fenced", "broker_commit_failed"):
             c[e["ev"]] += 1
         elif e["ev"] == "assign":
@@ -360,7 +418,11 @@ def figures(run_dir, fleet, produced_file, stats, db, violations, drain, gen_mod
         ("  members added / removed", f"{fleet.count['members added']} / "
                                       f"{fleet.count['members removed (clean leave)']}"),
         ("  frozen consumers (SIGSTOP past session and lease)",
-         fleet.count["frozen past session and lease (zombie)"]),
+         fleet.count["frozen past session and lease (zombie)"] + c["frozen at after_http"]
+         + c["frozen at before_txn"]),
+        ("    at a random moment / after_http / before_txn",
+         f"{fleet.count['frozen past session and lease (zombie)']} / {c['frozen at after_http']} / "
+         f"{c['frozen at before_txn']}"),
         ("  zombies fenced by idem_record_offset (55006)", c["fenced"]),
         ("  seeks where the database was ahead of the broker",
          c["seeks where the database was ahead of the broker"]),

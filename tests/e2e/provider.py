@@ -25,6 +25,7 @@ SLOW_P = float(sys.argv[2]) if len(sys.argv) > 2 else 0.01
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # headers and body go out in two writes: no 40 ms delayed-ACK stall
 
     def log_message(self, *args):  # quiet
         pass
