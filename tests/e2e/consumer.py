@@ -287,6 +287,7 @@ class Worker:
                 spans.setdefault(m["partition"], []).append(m["offset"])
             event("poll", gen=self.generation, offsets=spans)
             charges, pay_st = self.pay(msgs)
+            event("paid", gen=self.generation, pay=pay_st)
             chaos_point("before_txn")
             try:
                 ledger_st, last = self.apply(msgs, charges)
@@ -294,7 +295,7 @@ class Worker:
                 event("fenced", gen=self.generation, error=e.args[0])
                 self.consumer.close()  # a zombie: leave; the supervisor starts a fresh member
                 sys.exit(3)
-            event("applied", gen=self.generation, pay=pay_st, ledger=ledger_st)
+            event("applied", gen=self.generation, ledger=ledger_st)
             chaos_point("after_commit")
             try:  # the courtesy commit; the database holds the truth
                 self.consumer.commit(offsets=[TopicPartition(TOPIC, p, o + 1) for p, o in last.items()],
