@@ -77,8 +77,9 @@ def consume(conn, stop_at, skip_last_broker_commit=False):
         broker = {tp.partition: tp.offset for tp in c.committed(partitions, timeout=10)}
         for tp in partitions:
             tp.offset = stored.get(tp.partition, OFFSET_BEGINNING)
-            print(f"  partition {tp.partition}: database says {tp.offset}, broker says "
-                  f"{broker[tp.partition]} (generation {state['generation']})")
+            print(f"  partition {tp.partition}: database says {stored.get(tp.partition, 'nothing')}, "
+                  f"broker says {broker[tp.partition] if broker[tp.partition] >= 0 else 'nothing'} "
+                  f"(generation {state['generation']})")
         c.assign(partitions)
         state["assigned"] = True
 

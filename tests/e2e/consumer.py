@@ -56,12 +56,16 @@ def chaos_point(point):
             armed = f.read().strip()
     except FileNotFoundError:
         return
-    if armed == point:
+    if armed not in (point, "freeze_" + point):
+        return
+    try:
         os.unlink(path)
+    except FileNotFoundError:  # the driver withdrew it at this very moment: act all the same
+        pass
+    if armed == point:
         event("selfkill", point=point)
         os.kill(os.getpid(), signal.SIGKILL)
-    if armed == "freeze_" + point:
-        os.unlink(path)
+    else:
         event("selffreeze", point=point)
         os.kill(os.getpid(), signal.SIGSTOP)  # the driver sends SIGCONT later
         event("thawed", point=point)

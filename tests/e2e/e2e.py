@@ -9,6 +9,7 @@ any violation.
 import argparse
 import collections
 import glob
+import itertools
 import json
 import os
 import random
@@ -27,15 +28,16 @@ PY = sys.executable
 PROFILES = {
     # chaos runs for chaos_s, longer (up to chaos_max_s) until min_kills kills happened; the producer
     # spreads its messages over produce_s; an action every gap seconds
-    "quick": dict(m=5000, parts=6, k=4, produce_s=70, chaos_s=80, chaos_max_s=80, min_kills=0,
+    "quick": dict(m=5000, parts=6, k=4, produce_s=75, chaos_s=80, chaos_max_s=80, min_kills=0,
                   gap=(2.0, 5.0), drain_s=120),
-    "long": dict(m=20000, parts=6, k=4, produce_s=330, chaos_s=360, chaos_max_s=480, min_kills=50,
+    "long": dict(m=20000, parts=6, k=4, produce_s=360, chaos_s=360, chaos_max_s=480, min_kills=50,
                  gap=(2.0, 6.0), drain_s=240),
 }
 # where an armed consumer kills itself (SIGKILL) or freezes itself (SIGSTOP, woken by the driver)
 KILL_POINTS = ["in_assign", "after_http", "mid_txn", "after_commit"]
 FREEZE_POINTS = ["freeze_after_http", "freeze_before_txn"]
 FREEZE_S = 14  # longer than the session timeout (6 s) and the payment lease (8 s)
+ARM_S = 10     # an armed point not reached within this is withdrawn (an idle consumer, no rebalance)
 
 
 def log(msg):
@@ -51,6 +53,7 @@ class Fleet:
         self.restart_at = {}                  # cid -> when to restart a dead member
         self.frozen = {}                      # cid -> when to SIGCONT
         self.freeze_armed = set()             # cids armed to stop themselves
+        self.armed_at = {}                    # cid -> when its arm file was written
         self.count = collections.Counter()
 
     def spawn(self, cid=None):
@@ -77,6 +80,17 @@ class Fleet:
             if at <= now:
                 del self.restart_at[cid]
                 self.spawn(cid)
+        for cid, at in list(self.armed_at.items()):  # an arm not reached in ARM_S is withdrawn
+            path = f"{self.run_dir}/arm-{cid}"
+            if not os.path.exists(path):
+                del self.armed_at[cid]
+            elif now - at > ARM_S:
+                try:
+                    os.unlink(path)
+                    self.count["armed, point not reached"] += 1
+                except FileNotFoundError:
+                    pass
+                del self.armed_at[cid]
         for cid in list(self.freeze_armed):  # a consumer that stopped itself: wake it in FREEZE_S
             p = self.procs.get(cid)
             if p is None or p.poll() is not None:
@@ -84,6 +98,11 @@ class Fleet:
             elif process_state(p.pid) == "T":
                 self.freeze_armed.discard(cid)
                 self.frozen[cid] = now + FREEZE_S
+            elif cid not in self.armed_at and not os.path.exists(f"{self.run_dir}/arm-{cid}"):
+                time.sleep(0.2)  # it may be between reading its arm and stopping
+                if process_state(p.pid) == "T":
+                    self.frozen[cid] = now + FREEZE_S
+                self.freeze_armed.discard(cid)
         for cid, at in list(self.frozen.items()):
             if at <= now:
                 del self.frozen[cid]
@@ -98,6 +117,7 @@ class Fleet:
     def arm(self, cid, point):
         with open(f"{self.run_dir}/arm-{cid}", "w") as f:
             f.write(point)
+        self.armed_at[cid] = time.monotonic()
         if point.startswith("freeze_"):
             self.freeze_armed.add(cid)
 
@@ -210,7 +230,8 @@ def main():
         cfg["k"] = args.consumers
     if args.chaos_seconds:
         cfg["chaos_s"] = args.chaos_seconds
-        cfg["produce_s"] = max(10, args.chaos_seconds - 20)
+        cfg["produce_s"] = max(10, args.chaos_seconds - 5)
+        cfg["chaos_max_s"] = max(cfg["chaos_max_s"], args.chaos_seconds)
     random.seed(args.seed)
     run = f"r{args.seed}"
     run_dir = os.environ["E2E_RUN_DIR"]
@@ -245,10 +266,8 @@ def main():
         t0 = time.monotonic()
         next_action = t0 + random.uniform(*cfg["gap"])
         last_report = t0
-        kill_points = KILL_POINTS * 1000
-        random.shuffle(kill_points)
-        points = iter(kill_points)
-        freeze_points = iter(FREEZE_POINTS * 1000)
+        points = itertools.cycle(random.sample(KILL_POINTS, len(KILL_POINTS)))  # each in turn
+        freeze_points = itertools.cycle(FREEZE_POINTS)
         while True:
             elapsed = time.monotonic() - t0
             if elapsed >= cfg["chaos_max_s"] or (elapsed >= cfg["chaos_s"] and
@@ -262,7 +281,9 @@ def main():
                          and not os.path.exists(f"{run_dir}/arm-{c}")]
                 r = random.random()
                 if not alive:
-                    pass
+                    if len(fleet.procs) < cfg["k"] + 2:
+                        fleet.spawn()
+                        fleet.count["members added"] += 1
                 elif r < 0.40:
                     fleet.kill9(random.choice(alive))
                 elif r < 0.70:
