@@ -24,7 +24,7 @@ pub static LEASE_TTL_MS: GucSetting<i32> = GucSetting::<i32>::new(5 * 60 * 1000)
 pub static MAX_ATTEMPTS: GucSetting<i32> = GucSetting::<i32>::new(5);
 /// Longest key and scope, in bytes.
 pub static MAX_KEY_BYTES: GucSetting<i32> = GucSetting::<i32>::new(512);
-/// Largest payload or error, in bytes of JSON text.
+/// Largest payload or error, in bytes of stored jsonb.
 pub static MAX_PAYLOAD_BYTES: GucSetting<i32> = GucSetting::<i32>::new(1024 * 1024);
 /// Width of one storage partition, in seconds.
 pub static PARTITION_INTERVAL_S: GucSetting<i32> = GucSetting::<i32>::new(24 * 60 * 60);
@@ -79,7 +79,7 @@ pub fn init() {
     );
     GucRegistry::define_int_guc(
         c"idempotency.max_payload_bytes",
-        c"Largest accepted payload or error document, in bytes of JSON text.",
+        c"Largest accepted payload or error document, in bytes of stored jsonb.",
         c"Larger documents are rejected with SQLSTATE 54000.",
         &MAX_PAYLOAD_BYTES,
         0,

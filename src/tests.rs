@@ -108,7 +108,7 @@ mod tests {
         Spi::run("SELECT idem_complete('u10')").unwrap();
     }
 
-    #[pg_test(error = "idempotency: payload is 15 bytes, over the limit of 10")]
+    #[pg_test(error = "idempotency: payload is 24 bytes, over the limit of 10")]
     fn oversized_payload_is_an_error() {
         Spi::run("SET LOCAL idempotency.max_payload_bytes = 10").unwrap();
         Spi::run("SELECT idem_claim('u11')").unwrap();

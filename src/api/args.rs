@@ -2,9 +2,9 @@
 //! NULL argument reaches these checks and gets an ERROR instead of a silent NULL result.
 use crate::errors;
 use crate::gucs;
+use crate::storage::document::Document;
 use crate::storage::records::Key;
 use pgrx::prelude::*;
-use pgrx::JsonB;
 
 /// Checks a key or scope: present, non-empty, within `idempotency.max_key_bytes`, printable.
 pub fn ident<'a>(name: &str, value: Option<&'a str>) -> &'a str {
@@ -45,14 +45,18 @@ pub fn ttl(ttl: Option<Interval>) -> Interval {
     ttl
 }
 
-/// A payload or error document as JSON text, within `idempotency.max_payload_bytes`.
-pub fn document(name: &str, doc: Option<JsonB>) -> Option<String> {
-    let text = serde_json::to_string(&doc?.0).expect("a JSON value serializes");
+/// A payload or error document, within `idempotency.max_payload_bytes` (its stored size).
+pub fn document(name: &str, doc: Option<Document>) -> Option<Document> {
+    let doc = doc?;
+    check_document_size(name, doc.size());
+    Some(doc)
+}
+
+pub fn check_document_size(name: &str, size: usize) {
     let limit = gucs::max_payload_bytes();
-    if text.len() > limit {
-        errors::too_large(name, text.len(), limit, "idempotency.max_payload_bytes");
+    if size > limit {
+        errors::too_large(name, size, limit, "idempotency.max_payload_bytes");
     }
-    Some(text)
 }
 
 pub fn token(token: Option<i64>) -> Option<i64> {

@@ -6,9 +6,9 @@
 use super::args;
 use crate::errors;
 use crate::gucs;
+use crate::storage::document::{Document, Documents};
 use crate::storage::records;
 use pgrx::prelude::*;
-use pgrx::JsonB;
 
 /// Checks every key of a batch before anything is written.
 fn keys(keys: &Option<Vec<Option<String>>>) -> Vec<&str> {
@@ -39,7 +39,7 @@ fn idem_claim_batch(
         name!(outcome, String),
         name!(token, Option<i64>),
         name!(attempts, Option<i32>),
-        name!(payload, Option<JsonB>),
+        name!(payload, Option<Document>),
         name!(expires_at, Option<TimestampWithTimeZone>),
     ),
 > {
@@ -63,7 +63,7 @@ fn idem_claim_batch(
 #[search_path(pg_catalog, pg_temp)]
 fn idem_complete_batch(
     keys: Option<Vec<Option<String>>>,
-    payloads: default!(Option<Vec<Option<JsonB>>>, "NULL"),
+    payloads: default!(Option<Documents>, "NULL"),
     scope: default!(Option<&str>, "'default'"),
     tokens: default!(Option<Vec<Option<i64>>>, "NULL"),
 ) -> i32 {
@@ -76,13 +76,11 @@ fn idem_complete_batch(
     if distinct.len() != keys.len() {
         errors::invalid("keys must not repeat a key in idem_complete_batch".to_string());
     }
-    let payloads: Vec<Option<String>> = match payloads {
-        None => vec![None; keys.len()],
-        Some(p) => {
-            same_length("payloads", p.len(), keys.len());
-            p.into_iter().map(|d| args::document("payload", d)).collect()
-        }
-    };
+    if let Some(p) = &payloads {
+        let sizes = p.sizes();
+        same_length("payloads", sizes.len(), keys.len());
+        sizes.into_iter().flatten().for_each(|size| args::check_document_size("payload", size));
+    }
     let tokens: Vec<Option<i64>> = match tokens {
         None => vec![None; keys.len()],
         Some(t) => {
@@ -90,7 +88,7 @@ fn idem_complete_batch(
             t.into_iter().map(args::token).collect()
         }
     };
-    records::complete_batch(scope, &keys, &payloads, &tokens) as i32
+    records::complete_batch(scope, &keys, payloads.as_ref(), &tokens) as i32
 }
 
 #[pg_extern(security_definer, volatile, parallel_unsafe)]

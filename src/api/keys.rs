@@ -3,10 +3,10 @@
 //! They are SECURITY DEFINER so that consumers need no privileges on the storage tables, with
 //! `search_path` pinned to `pg_catalog, pg_temp` so no caller's schema can shadow what they call.
 use super::args;
+use crate::storage::document::Document;
 use crate::storage::records;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
-use pgrx::JsonB;
 
 type Ts = TimestampWithTimeZone;
 
@@ -28,7 +28,7 @@ fn idem_claim(
         name!(outcome, String),
         name!(token, Option<i64>),
         name!(attempts, Option<i32>),
-        name!(payload, Option<JsonB>),
+        name!(payload, Option<Document>),
         name!(expires_at, Option<Ts>),
     ),
 > {
@@ -50,21 +50,21 @@ fn idem_claim(
 #[search_path(pg_catalog, pg_temp)]
 fn idem_complete(
     key: Option<&str>,
-    payload: default!(Option<JsonB>, "NULL"),
+    payload: default!(Option<Document>, "NULL"),
     scope: default!(Option<&str>, "'default'"),
     token: default!(Option<i64>, "NULL"),
 ) {
     let k = args::key(key, scope);
     let payload = args::document("payload", payload);
     let token = args::token(token);
-    records::complete(k, payload.as_deref(), token);
+    records::complete(k, payload, token);
 }
 
 #[pg_extern(security_definer, volatile, parallel_unsafe)]
 #[search_path(pg_catalog, pg_temp)]
 fn idem_fail(
     key: Option<&str>,
-    error: default!(Option<JsonB>, "NULL"),
+    error: default!(Option<Document>, "NULL"),
     retryable: default!(Option<bool>, "true"),
     scope: default!(Option<&str>, "'default'"),
     token: default!(Option<i64>, "NULL"),
@@ -73,7 +73,7 @@ fn idem_fail(
     let error = args::document("error", error);
     let retryable = args::required("retryable", retryable);
     let token = args::token(token);
-    records::fail(k, error.as_deref(), retryable, token).to_string()
+    records::fail(k, error, retryable, token).to_string()
 }
 
 #[pg_extern(security_definer, volatile, parallel_unsafe)]
@@ -107,8 +107,8 @@ fn idem_status(
         name!(status, String),
         name!(attempts, i32),
         name!(token, Option<i64>),
-        name!(payload, Option<JsonB>),
-        name!(error, Option<JsonB>),
+        name!(payload, Option<Document>),
+        name!(error, Option<Document>),
         name!(created_at, Ts),
         name!(updated_at, Ts),
         name!(expires_at, Option<Ts>),

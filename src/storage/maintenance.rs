@@ -2,10 +2,9 @@
 //! Run by the background worker and by `idem_maintenance()`.
 use super::keylock;
 use super::partitions;
-use super::spi::{arg, Conn, Snap, Stmt};
+use super::spi::{arg, ts_arg, Conn, Snap, Stmt};
 use crate::gucs::{self, PartitionManager};
 use pgrx::pg_sys;
-use pgrx::prelude::*;
 
 /// At most this many stuck leases are reclaimed per round, so one round stays short.
 const RECLAIM_PER_ROUND: i64 = 10_000;
@@ -39,6 +38,7 @@ impl Round {
 /// Runs one round as of `as_of`. Returns None when `wait` is false and another round holds
 /// this database's maintenance lock.
 pub fn round(as_of: pg_sys::TimestampTz, wait: bool) -> Option<Round> {
+    partitions::check_finite("as_of", as_of);
     if !keylock::lock_maintenance(wait) {
         return None;
     }
@@ -57,7 +57,7 @@ pub fn round(as_of: pg_sys::TimestampTz, wait: bool) -> Option<Round> {
 /// Deletes keys whose lease expired before `cutoff` and that nobody took over. A key whose lock
 /// is busy is being claimed right now: it is left alone.
 fn reclaim(conn: &Conn, cutoff: pg_sys::TimestampTz) -> i64 {
-    let cutoff = arg(TimestampWithTimeZone::try_from(cutoff).expect("valid timestamp"));
+    let cutoff = ts_arg(cutoff);
     let stuck: Vec<(String, String, pg_sys::TimestampTz)> = {
         let rows = conn.run(&STUCK_LEASES, &[cutoff, arg(RECLAIM_PER_ROUND)], Snap::Statement);
         (0..rows.len())
@@ -75,10 +75,9 @@ fn reclaim(conn: &Conn, cutoff: pg_sys::TimestampTz) -> i64 {
         if !keylock::lock_key(scope, key, false) {
             continue;
         }
-        let created_at = arg(TimestampWithTimeZone::try_from(*created_at).expect("valid timestamp"));
         let rows = conn.run(
             &RECLAIM,
-            &[arg(scope.as_str()), arg(key.as_str()), created_at, cutoff],
+            &[arg(scope.as_str()), arg(key.as_str()), ts_arg(*created_at), cutoff],
             Snap::Statement,
         );
         reclaimed += rows.len() as i64;

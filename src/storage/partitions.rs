@@ -3,20 +3,21 @@
 //! Partitions are native range partitions on `created_at`, aligned on
 //! `date_bin(partition_interval, ts, '2000-01-01 UTC')` and named like pg_partman's children:
 //! `records_pYYYY_MM_DD` for intervals of a day or more, `records_pYYYY_MM_DD_HH24MI` below.
-//! Each backend remembers up to when the partitions reach, so the claim path pays one
-//! comparison; only when the current time is not covered does it create the missing ones.
+//! Each backend remembers the range of the partition that holds the current time, so the claim
+//! path pays two comparisons; only when the current time leaves that range does it look again,
+//! and create the missing partitions if there is none.
 use super::keylock;
-use super::spi::{arg, Conn, Snap, Stmt};
+use super::spi::{arg, ts_arg, Conn, Snap, Stmt};
 use crate::gucs;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::cell::Cell;
 
 thread_local! {
-    /// Upper bound of the newest partition this backend has seen. Forgotten whenever the record
-    /// table's relcache entry is invalidated, which any partition created, dropped, attached or
-    /// detached (or rolled back) causes.
-    static COVERED_UNTIL: Cell<pg_sys::TimestampTz> = const { Cell::new(i64::MIN) };
+    /// The range of a partition this backend has seen. Forgotten whenever the record table's
+    /// relcache entry is invalidated, which any partition created, dropped, attached or detached
+    /// (or rolled back) causes.
+    static COVERED: Cell<(pg_sys::TimestampTz, pg_sys::TimestampTz)> = const { Cell::new((0, 0)) };
     static RECORDS_OID: Cell<pg_sys::Oid> = const { Cell::new(pg_sys::InvalidOid) };
     static CALLBACK_REGISTERED: Cell<bool> = const { Cell::new(false) };
 }
@@ -24,16 +25,16 @@ thread_local! {
 #[pg_guard]
 unsafe extern "C-unwind" fn forget_coverage(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
     if relid == pg_sys::InvalidOid || relid == RECORDS_OID.with(|r| r.get()) {
-        COVERED_UNTIL.with(|c| c.set(i64::MIN));
+        COVERED.with(|c| c.set((0, 0)));
     }
 }
 
-fn remember_coverage(until: pg_sys::TimestampTz, records: pg_sys::Oid) {
+fn remember_coverage(range: (pg_sys::TimestampTz, pg_sys::TimestampTz), records: pg_sys::Oid) {
     if !CALLBACK_REGISTERED.with(|r| r.replace(true)) {
         unsafe { pg_sys::CacheRegisterRelcacheCallback(Some(forget_coverage), pg_sys::Datum::from(0usize)) };
     }
     RECORDS_OID.with(|r| r.set(records));
-    COVERED_UNTIL.with(|c| c.set(until));
+    COVERED.with(|c| c.set(range));
 }
 
 /// Slots from `$1`'s slot to `$3` intervals ahead that no existing partition overlaps, each as
@@ -54,10 +55,12 @@ SELECT format('CREATE TABLE IF NOT EXISTS idempotency.%I PARTITION OF idempotenc
     args: &[pg_sys::TIMESTAMPTZOID, pg_sys::INTERVALOID, pg_sys::INT4OID],
 };
 
-/// The upper bound of the newest partition, and the record table's oid.
+/// The range of the partition that holds `$1` (if any), and the record table's oid.
 static COVERAGE: Stmt = Stmt {
-    sql: "SELECT max(range_to), 'idempotency.records'::regclass::oid FROM idempotency.partitions",
-    args: &[],
+    sql: "SELECT (SELECT range_from FROM idempotency.partitions WHERE range_from <= $1 AND range_to > $1),
+                 (SELECT range_to FROM idempotency.partitions WHERE range_from <= $1 AND range_to > $1),
+                 'idempotency.records'::regclass::oid",
+    args: &[pg_sys::TIMESTAMPTZOID],
 };
 
 /// Partitions whose whole range ends at or before `$1`, oldest first.
@@ -71,21 +74,21 @@ static DROP: Stmt = Stmt {
     args: &[pg_sys::TEXTOID, pg_sys::INT4OID],
 };
 
+/// `infinity` and `-infinity` have no partition.
+pub fn check_finite(name: &str, ts: pg_sys::TimestampTz) {
+    if ts == i64::MAX || ts == i64::MIN {
+        crate::errors::invalid(format!("{name} must be a finite timestamp"));
+    }
+}
+
 fn interval_arg() -> Option<pg_sys::Datum> {
     let secs = gucs::partition_interval_s();
     arg(Interval::new(0, 0, secs * 1_000_000).expect("interval in range"))
 }
 
 fn missing(conn: &Conn, as_of: pg_sys::TimestampTz) -> Vec<String> {
-    let rows = conn.run(
-        &MISSING_PARTITIONS,
-        &[
-            arg(TimestampWithTimeZone::try_from(as_of).expect("valid timestamp")),
-            interval_arg(),
-            arg(gucs::premake()),
-        ],
-        Snap::Latest,
-    );
+    let rows =
+        conn.run(&MISSING_PARTITIONS, &[ts_arg(as_of), interval_arg(), arg(gucs::premake())], Snap::Latest);
     (0..rows.len()).filter_map(|i| rows.get::<String>(i, 1)).collect()
 }
 
@@ -94,6 +97,7 @@ fn missing(conn: &Conn, as_of: pg_sys::TimestampTz) -> Vec<String> {
 /// that serializes creators (until its transaction ends), so claims that find their partitions
 /// in place never wait for each other here.
 pub fn create_missing(conn: &Conn, as_of: pg_sys::TimestampTz) -> i32 {
+    check_finite("as_of", as_of);
     let mut ddl = missing(conn, as_of);
     if !ddl.is_empty() {
         keylock::lock_partition_creation();
@@ -102,8 +106,9 @@ pub fn create_missing(conn: &Conn, as_of: pg_sys::TimestampTz) -> i32 {
     for statement in &ddl {
         conn.execute(statement);
     }
-    let rows = conn.run(&COVERAGE, &[], Snap::Latest);
-    remember_coverage(rows.get_ts(0, 1).unwrap_or(i64::MIN), rows.get(0, 2).expect("oid"));
+    let rows = conn.run(&COVERAGE, &[ts_arg(as_of)], Snap::Latest);
+    let range = (rows.get_ts(0, 1).unwrap_or(0), rows.get_ts(0, 2).unwrap_or(0));
+    remember_coverage(range, rows.get(0, 3).expect("oid"));
     ddl.len() as i32
 }
 
@@ -111,7 +116,8 @@ pub fn create_missing(conn: &Conn, as_of: pg_sys::TimestampTz) -> i32 {
 /// Only the builtin manager creates partitions on demand: under pg_partman its default
 /// partition catches rows, and with `none` the DBA is in charge.
 pub fn ensure_covered(conn: &Conn, ts: pg_sys::TimestampTz) {
-    if ts < COVERED_UNTIL.with(|c| c.get()) || gucs::partition_manager() != gucs::PartitionManager::Builtin {
+    let (from, to) = COVERED.with(|c| c.get());
+    if (from <= ts && ts < to) || gucs::partition_manager() != gucs::PartitionManager::Builtin {
         return;
     }
     create_missing(conn, ts);
@@ -131,11 +137,7 @@ pub struct Dropped {
 pub fn drop_expired(conn: &Conn, as_of: pg_sys::TimestampTz) -> Dropped {
     let cutoff = as_of - gucs::retention_s() * 1_000_000;
     let names: Vec<String> = {
-        let rows = conn.run(
-            &EXPIRED,
-            &[arg(TimestampWithTimeZone::try_from(cutoff).expect("valid timestamp"))],
-            Snap::Latest,
-        );
+        let rows = conn.run(&EXPIRED, &[ts_arg(cutoff)], Snap::Latest);
         (0..rows.len()).filter_map(|i| rows.get::<String>(i, 1)).collect()
     };
     let mut done = Dropped::default();

@@ -4,20 +4,22 @@
 //! latest snapshot, so the read sees what the previous lock holder committed. Under REPEATABLE
 //! READ and SERIALIZABLE a record the transaction's own snapshot cannot see means a concurrent
 //! transaction got there first: that is a serialization failure, never a second claim.
+use super::document::{Document, Documents};
 use super::keylock;
 use super::partitions;
-use super::spi::{arg, Conn, Rows, Snap, Stmt};
+use super::spi::{arg, ts_arg, Conn, Rows, Snap, Stmt};
 use crate::errors;
 use crate::gucs;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
-use pgrx::JsonB;
 use std::collections::HashMap;
 
 const T_TEXT: pg_sys::Oid = pg_sys::TEXTOID;
 const T_TS: pg_sys::Oid = pg_sys::TIMESTAMPTZOID;
 const T_IVL: pg_sys::Oid = pg_sys::INTERVALOID;
 const T_TEXT_ARRAY: pg_sys::Oid = pg_sys::TEXTARRAYOID;
+const T_JSONB: pg_sys::Oid = pg_sys::JSONBOID;
+const T_JSONB_ARRAY: pg_sys::Oid = pg_sys::JSONBARRAYOID;
 
 static LOOKUP: Stmt = Stmt {
     sql: "SELECT status, token, attempts, fingerprint, created_at, expires_at, xmin, payload, error
@@ -45,10 +47,10 @@ static INSERT_ONCES: Stmt = Stmt {
 };
 static COMPLETE_MANY: Stmt = Stmt {
     sql: "UPDATE idempotency.records r
-             SET status = 'completed', payload = u.p::jsonb, updated_at = clock_timestamp(), expires_at = NULL
-            FROM unnest($2::text[], $3::text[]) AS u(k, p)
+             SET status = 'completed', payload = u.p, updated_at = clock_timestamp(), expires_at = NULL
+            FROM unnest($2::text[], $3::jsonb[]) AS u(k, p)
            WHERE r.scope = $1 AND r.key = u.k",
-    args: &[T_TEXT, T_TEXT_ARRAY, T_TEXT_ARRAY],
+    args: &[T_TEXT, T_TEXT_ARRAY, T_JSONB_ARRAY],
 };
 // Lookup and insert in one statement, both under the latest snapshot: the xmin of the existing
 // record (for the snapshot check), or the insert.
@@ -93,21 +95,31 @@ static TAKE_OVER: Stmt = Stmt {
 };
 static MARK_FAILED: Stmt = Stmt {
     sql: "UPDATE idempotency.records
-             SET status = 'failed', error = $4::jsonb, updated_at = clock_timestamp(), expires_at = NULL
+             SET status = 'failed', error = $4, updated_at = clock_timestamp(), expires_at = NULL
            WHERE scope = $1 AND key = $2 AND created_at = $3",
-    args: &[T_TEXT, T_TEXT, T_TS, T_TEXT],
+    args: &[T_TEXT, T_TEXT, T_TS, T_JSONB],
+};
+// A key whose consumer died `max_attempts` times: terminal, with the last error kept inside.
+static MARK_POISON: Stmt = Stmt {
+    sql: "UPDATE idempotency.records
+             SET status = 'failed', updated_at = clock_timestamp(), expires_at = NULL,
+                 error = jsonb_build_object('error', 'max_attempts_exceeded', 'attempts', attempts,
+                                            'last_error', error)
+           WHERE scope = $1 AND key = $2 AND created_at = $3
+          RETURNING error",
+    args: &[T_TEXT, T_TEXT, T_TS],
 };
 static RELEASE: Stmt = Stmt {
     sql: "UPDATE idempotency.records
-             SET token = NULL, error = $4::jsonb, updated_at = clock_timestamp(), expires_at = clock_timestamp()
+             SET token = NULL, error = $4, updated_at = clock_timestamp(), expires_at = clock_timestamp()
            WHERE scope = $1 AND key = $2 AND created_at = $3",
-    args: &[T_TEXT, T_TEXT, T_TS, T_TEXT],
+    args: &[T_TEXT, T_TEXT, T_TS, T_JSONB],
 };
 static COMPLETE: Stmt = Stmt {
     sql: "UPDATE idempotency.records
-             SET status = 'completed', payload = $4::jsonb, updated_at = clock_timestamp(), expires_at = NULL
+             SET status = 'completed', payload = $4, updated_at = clock_timestamp(), expires_at = NULL
            WHERE scope = $1 AND key = $2 AND created_at = $3",
-    args: &[T_TEXT, T_TEXT, T_TS, T_TEXT],
+    args: &[T_TEXT, T_TEXT, T_TS, T_JSONB],
 };
 static HEARTBEAT: Stmt = Stmt {
     sql: "UPDATE idempotency.records
@@ -152,7 +164,7 @@ struct Record {
     expires_at: Option<pg_sys::TimestampTz>,
     xmin: pg_sys::TransactionId,
     /// The stored payload for `completed`, the stored error otherwise (read only when needed).
-    document: Option<JsonB>,
+    document: Option<Document>,
 }
 
 impl Record {
@@ -208,7 +220,7 @@ impl Record {
             created_at: rows.get_ts(i, 5).expect("created_at"),
             expires_at: rows.get_ts(i, 6),
             xmin,
-            document: if status == Status::Pending { None } else { rows.get(i, document_col) },
+            document: if status == Status::Pending { None } else { rows.get_document(i, document_col) },
         }
     }
 }
@@ -242,10 +254,6 @@ fn lock_all<'a>(scope: &str, keys: &[&'a str]) -> Vec<&'a str> {
     distinct
 }
 
-fn ts_arg(ts: pg_sys::TimestampTz) -> Option<pg_sys::Datum> {
-    arg(TimestampWithTimeZone::try_from(ts).expect("valid timestamp"))
-}
-
 fn expect_one(rows: &Rows, what: &str) {
     if rows.len() != 1 {
         panic!("idempotency: {what} touched {} rows instead of 1", rows.len());
@@ -277,7 +285,7 @@ pub struct Claim {
     pub outcome: Outcome,
     pub token: Option<i64>,
     pub attempts: Option<i32>,
-    pub payload: Option<JsonB>,
+    pub payload: Option<Document>,
     pub expires_at: Option<pg_sys::TimestampTz>,
 }
 
@@ -289,13 +297,7 @@ impl Claim {
             Outcome::Claimed if repeated => (Outcome::InProgress, None),
             other => (other, self.token),
         };
-        Claim {
-            outcome,
-            token,
-            attempts: self.attempts,
-            payload: self.payload.as_ref().map(|p| JsonB(p.0.clone())),
-            expires_at: self.expires_at,
-        }
+        Claim { outcome, token, attempts: self.attempts, payload: self.payload, expires_at: self.expires_at }
     }
 }
 
@@ -376,23 +378,13 @@ fn claim_existing(
     let [scope, key] = k.args();
     if rec.attempts >= gucs::max_attempts() {
         // A message whose consumer dies every time: stop handing it out.
-        let error = serde_json::json!({
-            "error": "max_attempts_exceeded",
-            "attempts": rec.attempts,
-            "last_error": rec.document.as_ref().map(|d| &d.0),
-        });
-        let text = error.to_string();
-        let rows = conn.run(
-            &MARK_FAILED,
-            &[scope, key, ts_arg(rec.created_at), arg(text.as_str())],
-            Snap::Statement,
-        );
+        let rows = conn.run(&MARK_POISON, &[scope, key, ts_arg(rec.created_at)], Snap::Statement);
         expect_one(&rows, "mark failed");
         return Claim {
             outcome: Outcome::Failed,
             token: None,
             attempts: Some(rec.attempts),
-            payload: Some(JsonB(error)),
+            payload: rows.get_document(0, 1),
             expires_at: None,
         };
     }
@@ -481,22 +473,24 @@ fn check_held(k: Key, rec: Option<Record>, token: Option<i64>) -> Record {
     }
 }
 
-pub fn complete(k: Key, payload: Option<&str>, token: Option<i64>) {
+pub fn complete(k: Key, payload: Option<Document>, token: Option<i64>) {
     let conn = Conn::open();
     let rec = held(&conn, k, token);
     let [scope, key] = k.args();
-    let rows = conn.run(&COMPLETE, &[scope, key, ts_arg(rec.created_at), arg(payload)], Snap::Statement);
+    let payload = payload.map(|d| d.datum());
+    let rows = conn.run(&COMPLETE, &[scope, key, ts_arg(rec.created_at), payload], Snap::Statement);
     expect_one(&rows, "complete");
 }
 
 /// Records a failure; returns the status the key is left in: "released" or "failed".
-pub fn fail(k: Key, error: Option<&str>, retryable: bool, token: Option<i64>) -> &'static str {
+pub fn fail(k: Key, error: Option<Document>, retryable: bool, token: Option<i64>) -> &'static str {
     let conn = Conn::open();
     let rec = held(&conn, k, token);
     let [scope, key] = k.args();
     let terminal = !retryable || rec.attempts >= gucs::max_attempts();
     let stmt = if terminal { &MARK_FAILED } else { &RELEASE };
-    let rows = conn.run(stmt, &[scope, key, ts_arg(rec.created_at), arg(error)], Snap::Statement);
+    let error = error.map(|d| d.datum());
+    let rows = conn.run(stmt, &[scope, key, ts_arg(rec.created_at), error], Snap::Statement);
     expect_one(&rows, "fail");
     if terminal {
         "failed"
@@ -532,7 +526,7 @@ pub fn once(k: Key) -> bool {
 pub fn complete_batch(
     scope: &str,
     keys: &[&str],
-    payloads: &[Option<String>],
+    payloads: Option<&Documents>,
     tokens: &[Option<i64>],
 ) -> i64 {
     let conn = Conn::open();
@@ -541,8 +535,8 @@ pub fn complete_batch(
     for (key, token) in keys.iter().zip(tokens) {
         check_held(Key { scope, key }, found.remove(*key), *token);
     }
-    let rows =
-        conn.run(&COMPLETE_MANY, &[arg(scope), arg(keys.to_vec()), arg(payloads.to_vec())], Snap::Statement);
+    let payloads = payloads.map(|p| p.datum());
+    let rows = conn.run(&COMPLETE_MANY, &[arg(scope), arg(keys.to_vec()), payloads], Snap::Statement);
     rows.len() as i64
 }
 
@@ -572,8 +566,8 @@ pub struct StatusRow {
     pub status: String,
     pub attempts: i32,
     pub token: Option<i64>,
-    pub payload: Option<JsonB>,
-    pub error: Option<JsonB>,
+    pub payload: Option<Document>,
+    pub error: Option<Document>,
     pub created_at: pg_sys::TimestampTz,
     pub updated_at: pg_sys::TimestampTz,
     pub expires_at: Option<pg_sys::TimestampTz>,
@@ -589,8 +583,8 @@ pub fn status(k: Key) -> Option<StatusRow> {
         status: rows.get(0, 1).expect("status"),
         attempts: rows.get(0, 2).expect("attempts"),
         token: rows.get(0, 3),
-        payload: rows.get(0, 4),
-        error: rows.get(0, 5),
+        payload: rows.get_document(0, 4),
+        error: rows.get_document(0, 5),
         created_at: rows.get_ts(0, 6).expect("created_at"),
         updated_at: rows.get_ts(0, 7).expect("updated_at"),
         expires_at: rows.get_ts(0, 8),

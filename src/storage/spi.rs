@@ -164,6 +164,11 @@ impl<'c> Rows<'c> {
         unsafe { T::from_datum(datum, false) }
     }
 
+    /// A jsonb column, detoasted and copied out of SPI's memory.
+    pub fn get_document(&self, row: usize, col: usize) -> Option<super::document::Document> {
+        self.raw(row, col).map(super::document::Document::copy_out)
+    }
+
     /// A timestamptz column as PostgreSQL's microseconds since 2000-01-01.
     pub fn get_ts(&self, row: usize, col: usize) -> Option<pg_sys::TimestampTz> {
         self.raw(row, col).map(|d| d.value() as i64)
@@ -173,6 +178,11 @@ impl<'c> Rows<'c> {
 /// Converts one argument to a datum in the current memory context.
 pub fn arg<T: IntoDatum>(value: T) -> Option<pg_sys::Datum> {
     value.into_datum()
+}
+
+/// A timestamptz argument from PostgreSQL's microseconds since 2000-01-01.
+pub fn ts_arg(ts: pg_sys::TimestampTz) -> Option<pg_sys::Datum> {
+    arg(TimestampWithTimeZone::try_from(ts).expect("valid timestamp"))
 }
 
 fn quoted(raw: *const std::os::raw::c_char) -> String {

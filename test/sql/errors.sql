@@ -78,7 +78,7 @@ SELECT records_digest() AS d0 \gset
 
 -----------------------------------------------------------------------------
 -- 54000 program_limit_exceeded: key/scope longer than max_key_bytes (512),
--- payload/error larger than max_payload_bytes (1MB), measured in bytes.
+-- payload/error larger than max_payload_bytes (1MB), measured as stored jsonb bytes.
 -----------------------------------------------------------------------------
 SELECT * FROM idem_claim(repeat('k', 513));
 SELECT * FROM idem_claim(repeat('é', 257));          -- 257 characters, 514 bytes
@@ -95,7 +95,7 @@ SELECT outcome FROM idem_claim(repeat('k', 512), scope => repeat('s', 512));
 SELECT outcome FROM idem_claim(repeat('é', 256));
 SELECT idem_once(repeat('o', 512), repeat('s', 512)) AS once_at_limit;
 SELECT token AS big FROM idem_claim('big') \gset
-SELECT idem_complete('big', to_jsonb(repeat('x', 1048574)), token => :big);    -- exactly 1048576 bytes
+SELECT idem_complete('big', to_jsonb(repeat('x', 1048564)), token => :big);    -- stored size exactly 1048576 bytes
 SELECT outcome, octet_length(payload::text) AS payload_bytes FROM idem_claim('big');
 -- The limits are GUCs (superuser).
 SET idempotency.max_key_bytes = 16;
@@ -103,8 +103,8 @@ SET idempotency.max_payload_bytes = '1kB';
 SELECT * FROM idem_claim(repeat('k', 17));
 SELECT outcome FROM idem_claim(repeat('k', 16));
 SELECT token AS small FROM idem_claim('small') \gset
-SELECT idem_complete('small', to_jsonb(repeat('x', 1023)), token => :small);      -- 1025 bytes
-SELECT idem_complete('small', to_jsonb(repeat('x', 1022)), token => :small);      -- 1024 bytes
+SELECT idem_complete('small', to_jsonb(repeat('x', 1013)), token => :small);      -- stored size 1025 bytes
+SELECT idem_complete('small', to_jsonb(repeat('x', 1012)), token => :small);      -- stored size 1024 bytes
 RESET idempotency.max_key_bytes;
 RESET idempotency.max_payload_bytes;
 SELECT records_digest() AS d0 \gset
