@@ -1,0 +1,38 @@
+-- Tables and role of the benchmark, created once per run in the throwaway cluster (as postgres).
+-- The comparison tables are the ones the hand-written patterns of issue 5 use, written the way
+-- their authors write them: a plain primary key, default collation, no tuning.
+
+CREATE EXTENSION IF NOT EXISTS idempotency;
+
+-- The consumer: an ordinary login role with the extension's consumer grant, as in production.
+CREATE ROLE bench LOGIN IN ROLE idempotency_consumer;
+GRANT CREATE, USAGE ON SCHEMA public TO bench;
+SET ROLE bench;
+
+-- Workload 1, the floor: a bare primary-key table.
+CREATE TABLE floor_keys (key text PRIMARY KEY);
+
+-- Workloads 5a and 5b: the usual hand-rolled idempotency-key table.
+CREATE TABLE idempotency_keys (
+    idempotency_key  text PRIMARY KEY,
+    status           text NOT NULL,
+    response_payload jsonb,
+    created_at       timestamptz NOT NULL DEFAULT now(),
+    updated_at       timestamptz NOT NULL DEFAULT now()
+);
+
+-- Workload 5c: an insert-only dedup table; a duplicate fails on the primary key.
+CREATE TABLE processed_events (
+    event_id     text PRIMARY KEY,
+    processed_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- The business write of workloads 2b and 5a+biz.
+CREATE TABLE business_rows (
+    id          bigserial PRIMARY KEY,
+    message_key text NOT NULL,
+    amount      integer NOT NULL,
+    created_at  timestamptz NOT NULL DEFAULT now()
+);
+
+RESET ROLE;
