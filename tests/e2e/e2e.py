@@ -438,6 +438,8 @@ def figures(run_dir, fleet, produced_file, stats, db, violations, drain, gen_mod
         n for k, n in c.items() if k.startswith("kill -9 at "))
     rows = db.execute("SELECT count(*), count(DISTINCT msg_key) FROM e2e.ledger").fetchone()
     forced = fleet.count["rebalances forced (tansu left partitions unassigned)"]
+    (max_attempts,) = db.execute(
+        "SELECT max(attempts) FROM idempotency.records WHERE scope = 'payment'").fetchone()
     print("\n==== end-to-end figures ====")
     fig = [
         ("messages", len(prod["messages"])),
@@ -469,6 +471,7 @@ def figures(run_dir, fleet, produced_file, stats, db, violations, drain, gen_mod
         ("ledger rows / distinct keys", f"{rows[0]} / {rows[1]}"),
         ("payment claims / takeovers of expired leases", f"{c['payment claimed']} / {c['payment takeover']}"),
         ("payment results replayed from the store", c["payment replayed"]),
+        ("most claims of one payment key (attempts)", max_attempts),
         ("payment completions / heartbeats fenced (55006, lease lost)", c["payment fenced"]),
         ("payment lease heartbeats", c["payment heartbeats"]),
         ("provider requests / charges created", f"{stats['stats']['requests']} / {stats['stats']['created']}"),
