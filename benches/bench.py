@@ -273,6 +273,20 @@ class Redis:
 
 # ---------------------------------------------------------------- the run
 
+class Job:
+    """One row of the table: how to take one sample of it, and what it is."""
+
+    def __init__(self, wid, keys, cls, durability, clients, tool, fn, unit_factor=1, extra_label=None, extra=None):
+        self.wid, self.keys, self.cls, self.durability, self.clients = wid, keys, cls, durability, clients
+        self.tool, self.fn, self.unit_factor = tool, fn, unit_factor
+        self.extra_label, self.extra = extra_label or {}, extra or {}
+        self.samples = []
+
+    @property
+    def label(self):
+        return WORKLOADS[self.wid][1].format(**self.extra_label)
+
+
 class Bench:
     def __init__(self, args):
         self.args = args
@@ -280,114 +294,178 @@ class Bench:
         self.retention_rows = []
         self.admin = Admin()
         self.noisy = 0
+        self.redis_cmdlines = {}
 
-    def add(self, wid, keys, cls, durability, clients, r, tool, extra_label=None, unit_factor=1):
-        group, label, unit = WORKLOADS[wid]
-        if extra_label:
-            label = label.format(**extra_label)
-        busy = getattr(self, "_busy", None)
-        row = {"id": wid, "group": group, "workload": label, "keys": keys, "class": cls,
-               "durability": durability, "clients": clients, "throughput": r["tps"] * unit_factor,
-               "unit": unit, "p50_ms": r["p50_ms"], "p99_ms": r["p99_ms"], "tool": tool,
-               "calls_per_s": r["tps"], "cpu_busy_before": busy}
-        for k in ("transactions", "failed", "duplicate_errors", "requests", "keyspace", "rows_after"):
-            if k in r:
-                row[k] = r[k]
-        self.rows.append(row)
-        log(f"{label:55s} {keys:5s} {durability:17s} c={clients:<3d} {row['throughput']:12,.0f} {unit:6s} "
-            f"p50={r['p50_ms']:.3f}ms p99={r['p99_ms']:.3f}ms" + (f"  (machine {busy:.0%} busy before)" if busy and busy > 0.25 else ""))
-
+    # ---- sampling: every row is measured in `--rounds` separate runs, spread over the whole
+    # benchmark (round 1 of every row, then round 2, ...), and the table shows the run with the
+    # median throughput: a burst of other work on the machine spoils one run of a row, not the row.
     def wanted(self, wid):
         return self.args.only is None or re.search(self.args.only, wid)
 
-    def check_quiet(self):
+    def quiet(self):
         """Before a run: wait (up to --max-wait seconds) for other work on the machine to calm
-        down, and remember how busy it was when the run started."""
+        down, and return how busy it was when the run started."""
         deadline = time.time() + self.args.max_wait
-        self._busy = cpu_busy()
-        while self._busy > 0.25 and time.time() < deadline:
+        busy = cpu_busy()
+        while busy > 0.25 and time.time() < deadline:
             time.sleep(1)
-            self._busy = cpu_busy()
-        if self._busy > 0.25:
+            busy = cpu_busy()
+        return busy
+
+    def sample(self, job, rnd):
+        busy = self.quiet()
+        r = job.fn()
+        r["busy"] = busy
+        job.samples.append(r)
+        log(f"round {rnd + 1}/{self.args.rounds}  {job.label:52s} {job.keys:5s} {job.durability:16s} c={job.clients:<2d} "
+            f"{r['tps'] * job.unit_factor:11,.0f} {WORKLOADS[job.wid][2]:6s} p50={r['p50_ms']:.3f}ms"
+            + (f"  (machine {busy:.0%} busy before)" if busy > 0.25 else ""))
+
+    def finish(self, job):
+        """The row of a job: its median run (by throughput)."""
+        if not job.samples:
+            return None
+        ordered = sorted(job.samples, key=lambda s: s["tps"])
+        med = ordered[(len(ordered) - 1) // 2]
+        if med["busy"] > 0.25:
             self.noisy += 1
+        group, label, unit = WORKLOADS[job.wid]
+        row = {"id": job.wid, "group": group, "workload": job.label, "keys": job.keys, "class": job.cls,
+               "durability": job.durability, "clients": job.clients, "throughput": med["tps"] * job.unit_factor,
+               "unit": unit, "p50_ms": med["p50_ms"], "p99_ms": med["p99_ms"], "tool": job.tool,
+               "calls_per_s": med["tps"], "cpu_busy_before": med["busy"],
+               "runs_throughput": [s["tps"] * job.unit_factor for s in job.samples],
+               "runs_cpu_busy_before": [s["busy"] for s in job.samples]}
+        for k in ("transactions", "failed", "duplicate_errors", "requests", "keyspace", "rows_after"):
+            if k in med:
+                row[k] = med[k]
+        row.update(job.extra)
+        self.rows.append(row)
+        return row
+
+    def run_jobs(self, jobs):
+        for rnd in range(self.args.rounds):
+            for job in jobs:
+                self.sample(job, rnd)
+        return [self.finish(j) for j in jobs]
 
     # ---- PostgreSQL workloads 1-5, 7 and the Python-driver rows
-    def pg_matrix(self, sync):
+    def pg_jobs(self, sync):
         a = self.args
         dur = PG_DURABILITY[sync]
+        jobs = []
+
+        def pgbench_fn(script, clients, variables, count_records=False):
+            def fn():
+                reset_tables(self.admin)
+                r = run_pgbench(script, clients, a.duration, sync, variables)
+                if count_records:
+                    r["rows_after"] = self.admin.one("SELECT count(*) FROM idempotency.records")
+                return r
+            return fn
+
+        def pydriver_fn(workload, clients, dup):
+            def fn():
+                reset_tables(self.admin)
+                return run_pydriver(workload, clients, a.duration, sync, dup)
+            return fn
+
         for clients in a.clients:
-            mixes = ["new", "dup20"] if (clients == max(a.clients) or a.quick) else ["new"]
-            for keys in mixes:
+            top = clients == max(a.clients)
+            for keys in (["new", "dup20"] if top else ["new"]):
                 dup = DUP_PCT if keys == "dup20" else 0
                 for wid, script in PGBENCH_SCRIPTS.items():
                     if not self.wanted(wid) or (wid == "w5c" and dup):
-                        continue  # 5c with duplicates: pgbench aborts on the error; see pydriver rows
-                    reset_tables(self.admin)
-                    self.check_quiet()
-                    r = run_pgbench(script, clients, a.duration, sync, {"dup": dup, "dupkeys": DUPKEYS})
-                    r["rows_after"] = self.admin.one("SELECT count(*) FROM idempotency.records") if wid in ("w2a", "w2b", "w3", "w4") else None
-                    self.add(wid, keys, sync, dur, clients, r, "pgbench")
-                if clients == max(a.clients):
-                    for kind in ("once", "claim"):
-                        for n in (10, 100, 1000):
-                            wid = f"b_{kind}_{n}"
-                            if not self.wanted(wid) or (a.quick and (n == 100 or (dup and n == 10))):
-                                continue  # --quick: fewer sizes, to stay under 5 minutes
-                            reset_tables(self.admin)
-                            self.check_quiet()
-                            r = run_pgbench(f"w7_{kind}_batch.sql", clients, a.duration, sync,
-                                            {"dup": dup, "dupkeys": DUPKEYS, "n": n})
-                            self.add(wid, keys, sync, dur, clients, r, "pgbench", unit_factor=n)
-                    for wid, w in (("py_floor", "floor"), ("py_5c", "plain_insert")):
-                        if not self.wanted(wid) or (a.quick and dup and wid == "py_floor"):
-                            continue
-                        reset_tables(self.admin)
-                        self.check_quiet()
-                        r = run_pydriver(w, clients, a.duration, sync, dup)
-                        self.add(wid, keys, sync, dur, clients, r, "pydriver")
+                        continue  # 5c with duplicates: pgbench aborts on the error; see the pydriver rows
+                    fn = pgbench_fn(script, clients, {"dup": dup, "dupkeys": DUPKEYS}, wid in ("w2a", "w2b", "w3", "w4"))
+                    jobs.append(Job(wid, keys, sync, dur, clients, "pgbench", fn))
+                if not top:
+                    continue
+                for kind in ("once", "claim"):
+                    for n in (10, 100, 1000):
+                        wid = f"b_{kind}_{n}"
+                        if not self.wanted(wid) or (a.quick and (n == 100 or (dup and n == 10))):
+                            continue  # --quick: fewer sizes, to stay under 5 minutes
+                        fn = pgbench_fn(f"w7_{kind}_batch.sql", clients, {"dup": dup, "dupkeys": DUPKEYS, "n": n})
+                        jobs.append(Job(wid, keys, sync, dur, clients, "pgbench", fn, unit_factor=n))
+                for wid, w in (("py_floor", "floor"), ("py_5c", "plain_insert")):
+                    if not self.wanted(wid) or (a.quick and dup and wid == "py_floor"):
+                        continue
+                    jobs.append(Job(wid, keys, sync, dur, clients, "pydriver", pydriver_fn(w, clients, dup)))
+        return jobs
 
     # ---- Redis, workload 6
-    def redis_matrix(self, cls):
+    REDIS_COMMANDS = {
+        "nx": ["SET", "idem:__rand_int__", "v", "NX", "EX", "30"],
+        "done": ["SET", "idem:__rand_int__", "done", "EX", "86400"],
+        "lua": ["EVAL", LUA_PAIR, "1", "idem:__rand_int__"],
+    }
+
+    def redis_jobs(self, cls, holder):
+        """Jobs for one Redis configuration; holder[0] is the running server."""
         a = self.args
+        jobs = []
         if not any(self.wanted(w) for w in WORKLOADS if w.startswith("r_")):
-            return
-        redis = Redis(cls)
-        self.redis_cmdlines = getattr(self, "redis_cmdlines", {})
-        self.redis_cmdlines[cls] = redis.cmdline
-        commands = {
-            "nx": ["SET", "idem:__rand_int__", "v", "NX", "EX", "30"],
-            "done": ["SET", "idem:__rand_int__", "done", "EX", "86400"],
-            "lua": ["EVAL", LUA_PAIR, "1", "idem:__rand_int__"],
-        }
-        done_new = {}
-        try:
-            for clients in a.clients:
-                mixes = ["new", "dup20"] if (clients == max(a.clients) or a.quick) else ["new"]
-                for keys in mixes:
-                    dup = keys == "dup20"
-                    for p in (1, 16):
-                        res = {}
-                        for name, command in commands.items():
-                            if name == "done" and dup:
-                                # Overwriting a key costs the same whether it repeats or not: reuse.
-                                res[name] = done_new[(clients, p)]
-                                continue
-                            self.check_quiet()
-                            res[name] = redis.timed_bench(command, clients, p, min(a.duration, 5), dup)
-                            if name == "done":
-                                done_new[(clients, p)] = res[name]
-                            self.add(f"r_{name}_p{p}", keys, cls, redis.label, clients, res[name], "redis-benchmark")
-                        # A message is SET NX then (for a new key) SET done, one after the other on the
-                        # same connection, so per client the two latencies add up and the closed-loop
-                        # rate is 1 / (1/rps_nx + share_new/rps_done); p50/p99 are the sums.
-                        share_new = 1 - DUP_PCT / 100 if dup else 1.0
-                        nxr, dr = res["nx"], res["done"]
-                        rate = 1 / (1 / nxr["tps"] + share_new / dr["tps"])
-                        derived = {"tps": rate, "p50_ms": nxr["p50_ms"] + dr["p50_ms"],
-                                   "p99_ms": nxr["p99_ms"] + dr["p99_ms"], "failed": 0}
-                        self.add(f"r_pair_p{p}", keys, cls, redis.label, clients, derived, "derived")
-        finally:
-            redis.stop()
+            return jobs
+        label = REDIS_CONFIGS[cls][0]
+        for clients in a.clients:
+            for keys in (["new", "dup20"] if clients == max(a.clients) else ["new"]):
+                dup = keys == "dup20"
+                for p in (1, 16):
+                    for name, command in self.REDIS_COMMANDS.items():
+                        if name == "done" and dup:
+                            continue  # overwriting a key costs the same whether it repeats or not
+                        def fn(command=command, clients=clients, p=p, dup=dup):
+                            return holder[0].timed_bench(command, clients, p, a.duration, dup)
+                        jobs.append(Job(f"r_{name}_p{p}", keys, cls, label, clients, "redis-benchmark", fn))
+        return jobs
+
+    def derive_redis_pairs(self):
+        """A message is SET NX then (for a new key) SET done, one after the other on the same
+        connection, so per client the two latencies add up and the closed-loop rate is
+        1 / (1/rps_nx + share_new/rps_done); p50/p99 are the sums of the two rows' (medians)."""
+        idx = {(r["id"], r["class"], r["clients"], r["keys"]): r for r in self.rows}
+        for r in list(self.rows):
+            if r["tool"] != "redis-benchmark" or not r["id"].startswith("r_nx_"):
+                continue
+            p = r["id"].split("_")[-1]
+            done = idx.get((f"r_done_{p}", r["class"], r["clients"], "new"))
+            if not done:
+                continue
+            share_new = 1 - DUP_PCT / 100 if r["keys"] == "dup20" else 1.0
+            rate = 1 / (1 / r["throughput"] + share_new / done["throughput"])
+            group, label, unit = WORKLOADS[f"r_pair_{p}"]
+            self.rows.append({"id": f"r_pair_{p}", "group": group, "workload": label, "keys": r["keys"],
+                              "class": r["class"], "durability": r["durability"], "clients": r["clients"],
+                              "throughput": rate, "unit": unit, "p50_ms": r["p50_ms"] + done["p50_ms"],
+                              "p99_ms": r["p99_ms"] + done["p99_ms"], "tool": "derived", "calls_per_s": rate,
+                              "cpu_busy_before": max(r["cpu_busy_before"], done["cpu_busy_before"])})
+
+    def main_matrix(self):
+        """Rows 1-7: every round runs each PostgreSQL row once per synchronous_commit setting, then
+        each Redis row once per configuration (the server restarted fresh for each)."""
+        pg = {sync: self.pg_jobs(sync) for sync in self.args.sync}
+        holder = [None]
+        rd = {} if self.args.skip_redis else {cls: self.redis_jobs(cls, holder) for cls in self.args.sync}
+        for rnd in range(self.args.rounds):
+            for sync in self.args.sync:
+                log(f"round {rnd + 1}/{self.args.rounds}: PostgreSQL, synchronous_commit={sync}")
+                for job in pg[sync]:
+                    self.sample(job, rnd)
+            for cls, jobs in rd.items():
+                if not jobs:
+                    continue
+                holder[0] = Redis(cls)
+                self.redis_cmdlines[cls] = holder[0].cmdline
+                try:
+                    for job in jobs:
+                        self.sample(job, rnd)
+                finally:
+                    holder[0].stop()
+        for jobs in list(pg.values()) + list(rd.values()):
+            for job in jobs:
+                self.finish(job)
+        self.derive_redis_pairs()
 
     # ---- workload 8: growth
     def partitions(self):
@@ -398,13 +476,15 @@ class Bench:
              WHERE i.inhparent = 'idempotency.records'::regclass ORDER BY 2""")
         return rows
 
+    def interval(self):
+        return self.admin.one("SELECT coalesce(current_setting('idempotency.partition_interval', true), '1d')")
+
     def past_partitions(self, count):
         """The `count` partitions ending with the current one (created for past days if needed)."""
-        interval = self.admin.one("SELECT coalesce(current_setting('idempotency.partition_interval', true), '1d')")
-        self.admin.q("SELECT idempotency.premake_partitions(now() - %s::interval * %s)", (interval, count - 1))
+        self.admin.q("SELECT idempotency.premake_partitions(now() - %s::interval * %s)", (self.interval(), count - 1))
         now = self.admin.one("SELECT now()")
         parts = [p for p in self.partitions() if p[1] <= now]
-        return parts[-count:], interval
+        return parts[-count:]
 
     def load_retained(self, parts, first, last, spread):
         """Keys first..last (a permutation of 1..10^10, so they interleave with the benchmark's
@@ -425,8 +505,8 @@ class Bench:
         sizes = a.growth_sizes
         log(f"growth: retained keys {sizes} over the current and past partitions")
         reset_tables(self.admin)
-        parts, _ = self.past_partitions(5)
-        nparts = self.admin.one("SELECT count(*) FROM pg_inherits WHERE inhparent = 'idempotency.records'::regclass")
+        parts = self.past_partitions(5)
+        nparts = len(self.partitions())
         loaded = 0
         for level, size in enumerate(sizes):
             if size > loaded:
@@ -435,46 +515,53 @@ class Bench:
                 self.admin.q("VACUUM ANALYZE idempotency.records")
                 log(f"growth: loaded {size - loaded:,} retained keys in {time.time() - t0:.0f}s")
                 loaded = size
+            jobs = []
             for sync in a.sync:
                 for clients in a.clients:
-                    self.admin.q("CHECKPOINT")
-                    self.check_quiet()
-                    r = run_pgbench("w8_claim.sql", clients, a.duration, sync, {"dup": 0, "dupkeys": DUPKEYS})
-                    self.add(f"g_{level}", "new", sync, PG_DURABILITY[sync], clients, r, "pgbench",
-                             extra_label={"n1": human(sizes[1]), "n2": human(sizes[-1])})
-                    self.rows[-1]["retained"] = size
-                    self.rows[-1]["partitions"] = nparts
+                    def fn(sync=sync, clients=clients):
+                        # No reset here: the retained keys stay; the claims of earlier runs add a
+                        # few tens of thousands of keys, nothing next to the levels measured.
+                        self.admin.q("CHECKPOINT")
+                        return run_pgbench("w8_claim.sql", clients, a.duration, sync, {"dup": 0, "dupkeys": DUPKEYS})
+                    jobs.append(Job(f"g_{level}", "new", sync, PG_DURABILITY[sync], clients, "pgbench", fn,
+                                    extra_label={"n1": human(sizes[1]), "n2": human(sizes[-1])},
+                                    extra={"retained": size, "partitions": nparts}))
+            self.run_jobs(jobs)
 
     # ---- workload 8b: the number of partitions
+    def set_partition_count(self, n):
+        """Keeps the current and premade partitions and exactly n - (those) past ones."""
+        now_slot = self.admin.one("SELECT date_bin(%s::interval, now(), timestamptz '2000-01-01 00:00:00+00')", (self.interval(),))
+        parts = self.partitions()
+        future = [p for p in parts if p[2] > now_slot]
+        past = [p for p in parts if p[2] <= now_slot]
+        want_past = max(0, n - len(future))
+        for name, _, _ in past[:max(0, len(past) - want_past)]:
+            self.admin.q(f"DROP TABLE idempotency.{name}")
+        k = 0
+        while len(self.partitions()) < n and k < 10000:
+            k += 1
+            self.admin.q("SELECT idempotency.premake_partitions(now() - %s::interval * %s)", (self.interval(), k))
+        return len(self.partitions())
+
     def partition_scaling(self):
         """A key's lookup cannot be pruned to one partition (its created_at is not known), so
         every claim reads every partition: claim latency against the number of partitions, with
-        the same ~10k keys, at the smallest client count, synchronous_commit=off."""
+        the same ~10k keys, 1 client, synchronous_commit=off (the per-call cost, not the WAL
+        flush, is what grows here)."""
         a = self.args
         if not self.wanted("p_"):
             return
-        counts = a.partition_counts
-        clients = min(a.clients)
-        log(f"partitions: idem_claim with {counts} partitions, {clients} client(s)")
-        interval = self.admin.one("SELECT coalesce(current_setting('idempotency.partition_interval', true), '1d')")
-        now_slot = self.admin.one("SELECT date_bin(%s::interval, now(), timestamptz '2000-01-01 00:00:00+00')", (interval,))
-        for name, lo, hi in self.partitions():
-            if hi <= now_slot:
-                self.admin.q(f"DROP TABLE idempotency.{name}")
-        for level, n in enumerate(counts):
-            k = 0
-            while len(self.partitions()) < n:
-                k += 1
-                self.admin.q("SELECT idempotency.premake_partitions(now() - %s::interval * %s)", (interval, k))
-                if k > 10000:
-                    raise RuntimeError("could not create past partitions")
-            have = len(self.partitions())
-            reset_tables(self.admin)
-            self.check_quiet()
-            # synchronous_commit=off: the per-call CPU cost, not the WAL flush, is what grows here.
-            r = run_pgbench("w8_claim.sql", clients, a.duration, "off", {"dup": 0, "dupkeys": DUPKEYS})
-            self.add(f"p_{level}", "new", "off", PG_DURABILITY["off"], clients, r, "pgbench", extra_label={"n": have})
-            self.rows[-1]["partitions"] = have
+        log(f"partitions: idem_claim with {a.partition_counts} partitions, 1 client")
+        jobs = []
+        for level, n in enumerate(a.partition_counts):
+            def fn(n=n):
+                self.set_partition_count(n)
+                reset_tables(self.admin)
+                return run_pgbench("w8_claim.sql", 1, a.duration, "off", {"dup": 0, "dupkeys": DUPKEYS})
+            jobs.append(Job(f"p_{level}", "new", "off", PG_DURABILITY["off"], 1, "pgbench", fn,
+                            extra_label={"n": n}, extra={"partitions": n}))
+        self.run_jobs(jobs)
 
     # ---- workload 9: retention
     def rel_size(self):
@@ -497,7 +584,7 @@ class Bench:
         n = self.args.retention_rows
         log(f"retention: one partition of {n:,} keys, dropped vs deleted")
         reset_tables(self.admin)
-        parts, _ = self.past_partitions(5)
+        parts = self.past_partitions(5)
         oldest, kept = parts[0], parts[1:]
         # Rows that stay: n spread over the four newer partitions.
         self.load_retained(kept, 20_000_000_001, 20_000_000_000 + n, len(kept))
@@ -593,6 +680,7 @@ class Bench:
             "command": "benches/run" + (" --quick" if self.args.quick else "") + (f" {' '.join(self.args.passthrough)}" if self.args.passthrough else ""),
             "mode": "quick" if self.args.quick else "full",
             "duration_s": self.args.duration,
+            "rounds": self.args.rounds,
             "clients": self.args.clients,
             "cpu": sh("lscpu | sed -n 's/^Model name: *//p'") + f", {os.cpu_count()} vCPU",
             "memory": sh("free -h | awk '/^Mem:/ {print $2}'"),
@@ -648,7 +736,7 @@ class Bench:
             verdict = {True: "MET", False: "MISSED", None: "not measured"}[t["met"]]
             print(f"  {verdict:12s} {t['target']}: {v} (goal {t['goal']}; {t['how']})")
         if meta["runs_with_busy_machine"]:
-            print(f"\nWARNING: {meta['runs_with_busy_machine']} runs started while the machine was >25% busy with other work: noisy.")
+            print(f"\nWARNING: for {meta['runs_with_busy_machine']} rows the median run started while other work kept the machine >25% busy: noisy.")
 
         os.makedirs(os.path.join(BENCH, "results"), exist_ok=True)
         name = self.args.name or meta["mode"]
@@ -657,7 +745,7 @@ class Bench:
             json.dump({"meta": meta, "rows": self.rows, "retention": self.retention_rows, "targets": targets}, f, indent=1, default=str)
         os.replace(base + ".json.tmp", base + ".json")
         md = [f"# Benchmark results ({meta['mode']} run)", "",
-              f"* command: `{meta['command']}` ({meta['duration_s']} s per run, clients {', '.join(map(str, meta['clients']))})",
+              f"* command: `{meta['command']}` (every row: median of {meta['rounds']} runs of {meta['duration_s']} s, spread over the benchmark; clients {', '.join(map(str, meta['clients']))})",
               f"* date: {meta['date']}",
               f"* machine: {meta['cpu']}, {meta['memory']} RAM, {meta['virtualization'] or 'bare metal'} VM, Linux {meta['kernel']}",
               f"* {meta['postgres']}",
@@ -667,7 +755,7 @@ class Bench:
         for cls, line in meta["redis_command_lines"].items():
             md.append(f"* redis ({REDIS_CONFIGS[cls][0]}): `{line}`")
         if meta["runs_with_busy_machine"]:
-            md.append(f"* WARNING: {meta['runs_with_busy_machine']} runs started while other work kept the machine >25% busy")
+            md.append(f"* WARNING: for {meta['runs_with_busy_machine']} rows the median run started while other work kept the machine >25% busy (noisy)")
         md += ["", "| " + " | ".join(head) + " |", "|" + "|".join("---:" if i in right else "---" for i in range(len(head))) + "|"]
         for t in table:
             md.append("| " + " | ".join(c.replace("|", "\\|") for c in t) + " |")
@@ -690,12 +778,7 @@ class Bench:
         t0 = time.time()
         so_before = hashlib.sha256(open(SO_PATH, "rb").read()).hexdigest()
         psql_file(os.path.join(SQL, "schema.sql"))
-        for sync in a.sync:
-            log(f"PostgreSQL workloads, synchronous_commit={sync}")
-            self.pg_matrix(sync)
-        if not a.skip_redis:
-            for cls in a.sync:
-                self.redis_matrix(cls)
+        self.main_matrix()
         if not a.skip_growth:
             self.growth()
         if not a.skip_retention:
@@ -715,8 +798,9 @@ class Bench:
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="a few seconds per workload, scaled-down growth and retention (CI)")
-    ap.add_argument("--duration", type=int, help="seconds per measured run (default 6, quick 2)")
-    ap.add_argument("--clients", help="client counts, comma-separated (default 1,8; quick 4)")
+    ap.add_argument("--duration", type=int, help="seconds per measured run (default 2)")
+    ap.add_argument("--rounds", type=int, help="runs per row, the median is reported (default 3; quick 1)")
+    ap.add_argument("--clients", help="client counts, comma-separated (default 8; quick 4); the dup20 variants and batches run at the largest")
     ap.add_argument("--sync", default="on,off", help="synchronous_commit settings to run (default on,off)")
     ap.add_argument("--only", help="regex on workload ids (w1, w2a, ..., r_nx_p16, b_once_1000, g_, ret)")
     ap.add_argument("--growth-sizes", help="retained keys for workload 8 (default 0,1000000,10000000; quick 0,100000,1000000)")
@@ -725,11 +809,12 @@ def main():
     ap.add_argument("--skip-growth", action="store_true")
     ap.add_argument("--skip-retention", action="store_true")
     ap.add_argument("--name", help="results file name under benches/results/ (default: full or quick)")
-    ap.add_argument("--max-wait", type=float, help="seconds to wait before a run for a busy machine to calm down (default 10, quick 0)")
+    ap.add_argument("--max-wait", type=float, help="seconds to wait before a run for a busy machine to calm down (default 0)")
     args = ap.parse_args()
     args.passthrough = [x for x in sys.argv[1:] if x != "--quick"]
-    args.duration = args.duration or (2 if args.quick else 6)
-    args.clients = [int(c) for c in (args.clients or ("4" if args.quick else "1,8")).split(",")]
+    args.duration = args.duration or 2
+    args.rounds = args.rounds or (1 if args.quick else 3)
+    args.clients = [int(c) for c in (args.clients or ("4" if args.quick else "8")).split(",")]
     args.sync = args.sync.split(",")
     args.growth_sizes = [int(x) for x in (args.growth_sizes or ("0,100000,1000000" if args.quick else "0,1000000,10000000")).split(",")]
     if len(args.growth_sizes) != 3:
@@ -737,7 +822,7 @@ def main():
     args.retention_rows = args.retention_rows or (100_000 if args.quick else 1_000_000)
     args.partition_counts = [5, 17] if args.quick else [5, 9, 17, 33]
     if args.max_wait is None:
-        args.max_wait = 0 if args.quick else 10
+        args.max_wait = 0
     Bench(args).run()
 
 

@@ -2,9 +2,9 @@
 -- the same state whatever ran before it: every table emptied, then holding the same dupkeys
 -- completed keys (1..dupkeys), then analyzed.
 --
--- Why not start empty: an empty table is not a steady state, and the extension's statements,
--- prepared once per backend, would keep a plan made for an empty current partition (a Seq Scan of
--- it, see benches/README.md) for the whole run. Production tables have history and statistics.
+-- Why not start empty: an empty table is not a steady state, and statements prepared once per
+-- backend keep the plan made on their first call (see "Notes" in benches/README.md). Production
+-- tables have history and statistics.
 --
 -- The dup20 variant draws 20% of its keys from 1..dupkeys (a redelivery of a message processed
 -- before); new keys come from 100000..10^12.
