@@ -600,12 +600,17 @@ def test_short_lease_contention_single_holder(cluster, report):
                 elif plan == "release":
                     time.sleep(rnd.uniform(0, LEASE_TTL_MS / 3000))
                     try:
+                        # The lease ends at COMMIT (the key stays locked until then), so a clock
+                        # read before COMMIT is a lower bound: a claim earlier than it overlapped.
+                        conn.execute("BEGIN")
                         r = fail(conn, key, scope, token=c.token, error={"worker": w})
                         end = conn.execute("SELECT clock_timestamp()").fetchone()[0]
+                        conn.execute("COMMIT")
                         assert r == "released", r
                         tally["released"] += 1
                         log_end(conn, key, c.token, "released", end)
                     except psycopg.Error as e:
+                        rollback_quietly(conn)
                         if e.sqlstate != "55006":
                             raise
                         tally["release_fenced"] += 1
@@ -644,8 +649,8 @@ def test_short_lease_contention_single_holder(cluster, report):
         # Holders of a key ordered by token: each one claimed only after the previous lease ended
         # (expired, released, or extended by heartbeats up to lease_end).
         overlaps = conn.execute(
-            "SELECT key, prev_token, token, prev_end, claimed_at FROM ("
-            "  SELECT key, token, claimed_at,"
+            "SELECT key, prev_token, prev_fate, token, prev_end, claimed_at FROM ("
+            "  SELECT key, token, claimed_at, lag(fate) OVER w AS prev_fate,"
             "         lag(token) OVER w AS prev_token, lag(lease_end) OVER w AS prev_end,"
             "         lag(claimed_at) OVER w AS prev_claimed"
             "  FROM lease_log WHERE scope = %s"
