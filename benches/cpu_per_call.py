@@ -21,6 +21,9 @@ WORKLOADS = [
     ("idem_claim, new keys", loop(f"PERFORM idem_claim('c'||r||'-'||g) FROM generate_series(1,{PER}) g;")),
     ("idem_complete of those claims", loop(
         f"PERFORM idem_complete('c'||r||'-'||g, '{{\"ok\": true}}', token => (SELECT token FROM idem_status('c'||r||'-'||g))) FROM generate_series(1,{PER}) g;")),
+    ("idem_claim + idem_complete, new keys (per pair)", loop(
+        f"PERFORM idem_claim('p'||r||'-'||g) FROM generate_series(1,{PER}) g; "
+        f"PERFORM idem_complete('p'||r||'-'||g, '{{\"ok\": true}}') FROM generate_series(1,{PER}) g;")),
     ("idem_claim, completed keys", loop(f"PERFORM idem_claim('c'||r||'-'||g) FROM generate_series(1,{PER}) g;")),
     ("idem_once_batch, 100 keys per call (per key)", loop(
         f"PERFORM idem_once_batch(ARRAY(SELECT 'b'||r||'-'||b||'-'||k FROM generate_series(1,100) k)) FROM generate_series(1,{PER // 100}) b;")),

@@ -516,6 +516,56 @@ def test_other_keys_do_not_wait(cluster, report):
     report(f"first calls of new sessions on other keys while a key is held: {waited} (seconds)")
 
 
+def test_reads_of_settled_keys_do_not_block(cluster, report):
+    """A call that only reads a key (a duplicate, a replay, in_progress) gives the key's lock back
+    at once, so an open transaction that saw a duplicate delays nobody; a call that wrote keeps
+    the lock until its transaction ends."""
+    scope = new_scope("settled")
+    with cluster.connect() as setup:
+        assert once(setup, "done-once", scope) is True
+        c = claim(setup, "done-claim", scope)
+        complete(setup, "done-claim", scope, token=c.token, payload={"ok": 1})
+        assert claim(setup, "live-lease", scope, ttl="1 hour").outcome == "claimed"
+        setup.execute("SELECT idem_once_batch(ARRAY['b1', 'b2'], scope => %s)", (scope,))
+    reads = {
+        "idem_once(duplicate)": lambda c: once(c, "done-once", scope),
+        "idem_claim(completed)": lambda c: claim(c, "done-claim", scope).outcome,
+        "idem_claim(in_progress)": lambda c: claim(c, "live-lease", scope).outcome,
+        "idem_once_batch(duplicates)": lambda c: c.execute(
+            "SELECT count(*) FROM idem_once_batch(ARRAY['b1', 'b2'], scope => %s)", (scope,)).fetchone()[0],
+        "idem_claim_batch(settled)": lambda c: c.execute(
+            "SELECT array_agg(outcome) FROM idem_claim_batch(ARRAY['done-claim', 'live-lease'], "
+            "scope => %s)", (scope,)).fetchone()[0],
+    }
+    expected = {"idem_once(duplicate)": False, "idem_claim(completed)": "completed",
+                "idem_claim(in_progress)": "in_progress", "idem_once_batch(duplicates)": 0,
+                "idem_claim_batch(settled)": ["completed", "in_progress"]}
+    answers, held_after = {}, {}
+    with cluster.connect() as reader, cluster.connect() as other:
+        other.execute("SET lock_timeout = '500ms'")
+        for name, call in reads.items():
+            reader.execute("BEGIN")
+            answers[name] = call(reader)
+            held_after[name] = reader.execute(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = %s "
+                "AND pid = pg_backend_pid()", (LOCK_OBJSUBID,)).fetchone()[0]
+            # Another session's call on the same keys answers without waiting for the reader.
+            try:
+                call(other)
+            except psycopg.errors.LockNotAvailable:
+                answers[name] = "other session waited for the reader's lock"
+            reader.execute("COMMIT")
+        # A call that wrote (a new claim) still holds its key until commit.
+        reader.execute("BEGIN")
+        assert claim(reader, "fresh", scope).outcome == "claimed"
+        with pytest.raises(psycopg.errors.LockNotAvailable):
+            once(other, "fresh", scope)
+        reader.execute("ROLLBACK")
+    assert answers == expected, answers
+    assert held_after == {name: 0 for name in reads}, held_after
+    report(f"reads of settled keys hold no key lock afterwards: {sorted(held_after)}")
+
+
 # --------------------------------------------------------------------------------------------------
 # 7. Two-transaction claims with short leases, many contenders: at most one live holder.
 # --------------------------------------------------------------------------------------------------

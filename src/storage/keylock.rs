@@ -23,24 +23,52 @@ fn hash_key(scope: &str, key: &str) -> u64 {
     h.finish()
 }
 
-fn acquire(hash: u64, namespace: u16, wait: bool) -> bool {
-    let tag = pg_sys::LOCKTAG {
+fn tag(hash: u64, namespace: u16) -> pg_sys::LOCKTAG {
+    pg_sys::LOCKTAG {
         locktag_field1: unsafe { pg_sys::MyDatabaseId }.to_u32(),
         locktag_field2: (hash >> 32) as u32,
         locktag_field3: hash as u32,
         locktag_field4: namespace,
         locktag_type: pg_sys::LockTagType::LOCKTAG_ADVISORY as u8,
         locktag_lockmethodid: pg_sys::USER_LOCKMETHOD as u8,
-    };
-    let result = unsafe { pg_sys::LockAcquire(&tag, pg_sys::ExclusiveLock as i32, false, !wait) };
-    result != pg_sys::LockAcquireResult::LOCKACQUIRE_NOT_AVAIL
+    }
 }
 
-/// Locks `(scope, key)` until the end of the transaction. With `wait = false` returns false at
+fn acquire(hash: u64, namespace: u16, wait: bool) -> pg_sys::LockAcquireResult::Type {
+    unsafe { pg_sys::LockAcquire(&tag(hash, namespace), pg_sys::ExclusiveLock as i32, false, !wait) }
+}
+
+/// A key's lock, held by this transaction.
+pub struct KeyLock {
+    hash: u64,
+    /// Taken by this call, rather than held already by an earlier call of the transaction.
+    fresh: bool,
+}
+
+impl KeyLock {
+    /// Gives the lock back before the transaction ends when this call took it, for a call that
+    /// only read the key: a settled key's answer cannot change under us, and other transactions
+    /// asking about the same key then need not wait for this one to end. A call that wrote keeps
+    /// the lock until commit, and so does one whose transaction held it already.
+    pub fn release_if_only_read(self) {
+        if self.fresh {
+            unsafe {
+                pg_sys::LockRelease(&tag(self.hash, LOCK_NAMESPACE), pg_sys::ExclusiveLock as i32, false)
+            };
+        }
+    }
+}
+
+/// Locks `(scope, key)` until the end of the transaction. With `wait = false` returns None at
 /// once when another transaction holds it; with `wait = true` waits (subject to `lock_timeout`
-/// and deadlock detection) and returns true.
-pub fn lock_key(scope: &str, key: &str, wait: bool) -> bool {
-    acquire(hash_key(scope, key), LOCK_NAMESPACE, wait)
+/// and deadlock detection).
+pub fn lock_key(scope: &str, key: &str, wait: bool) -> Option<KeyLock> {
+    let hash = hash_key(scope, key);
+    match acquire(hash, LOCK_NAMESPACE, wait) {
+        pg_sys::LockAcquireResult::LOCKACQUIRE_NOT_AVAIL => None,
+        pg_sys::LockAcquireResult::LOCKACQUIRE_OK => Some(KeyLock { hash, fresh: true }),
+        _ => Some(KeyLock { hash, fresh: false }),
+    }
 }
 
 /// Serializes backends that create partitions, until the end of the transaction.
@@ -51,5 +79,5 @@ pub fn lock_partition_creation() {
 /// Makes maintenance rounds of one database take turns (worker and manual calls alike).
 /// Returns false when `wait` is false and another round is running.
 pub fn lock_maintenance(wait: bool) -> bool {
-    acquire(0, MAINTENANCE_LOCK_NAMESPACE, wait)
+    acquire(0, MAINTENANCE_LOCK_NAMESPACE, wait) != pg_sys::LockAcquireResult::LOCKACQUIRE_NOT_AVAIL
 }

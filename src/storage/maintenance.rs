@@ -72,7 +72,7 @@ fn reclaim(conn: &Conn, cutoff: pg_sys::TimestampTz) -> i64 {
     };
     let mut reclaimed = 0;
     for (scope, key, created_at) in &stuck {
-        if !keylock::lock_key(scope, key, false) {
+        if keylock::lock_key(scope, key, false).is_none() {
             continue;
         }
         let rows = conn.run(

@@ -5,9 +5,10 @@
 //! READ and SERIALIZABLE a record the transaction's own snapshot cannot see means a concurrent
 //! transaction got there first: that is a serialization failure, never a second claim.
 use super::document::{Document, Documents};
-use super::keylock;
+use super::keylock::{self, KeyLock};
 use super::partitions;
-use super::spi::{arg, ts_arg, Conn, Rows, Snap, Stmt};
+use super::probe::{Col, Prober, Tuple};
+use super::spi::{arg, tid_arg, Conn, Rows, Snap, Stmt};
 use crate::errors;
 use crate::gucs;
 use pgrx::pg_sys;
@@ -15,21 +16,24 @@ use pgrx::prelude::*;
 use std::collections::HashMap;
 
 const T_TEXT: pg_sys::Oid = pg_sys::TEXTOID;
-const T_TS: pg_sys::Oid = pg_sys::TIMESTAMPTZOID;
+const T_TID: pg_sys::Oid = pg_sys::TIDOID;
 const T_IVL: pg_sys::Oid = pg_sys::INTERVALOID;
 const T_TEXT_ARRAY: pg_sys::Oid = pg_sys::TEXTARRAYOID;
 const T_JSONB: pg_sys::Oid = pg_sys::JSONBOID;
 const T_JSONB_ARRAY: pg_sys::Oid = pg_sys::JSONBARRAYOID;
 
-static LOOKUP: Stmt = Stmt {
-    sql: "SELECT status, token, attempts, fingerprint, created_at, expires_at, xmin, payload, error
-            FROM idempotency.records WHERE scope = $1 AND key = $2",
-    args: &[T_TEXT, T_TEXT],
+static INSERT_CLAIM: Stmt = Stmt {
+    sql: "INSERT INTO idempotency.records
+                 (scope, key, status, token, attempts, fingerprint, created_at, updated_at, expires_at)
+          VALUES ($1, $2, 'pending', nextval('idempotency.token_seq'), 1, $3, now(),
+                  clock_timestamp(), clock_timestamp() + $4)
+          RETURNING token, expires_at",
+    args: &[T_TEXT, T_TEXT, T_TEXT, T_IVL],
 };
-static LOOKUP_MANY: Stmt = Stmt {
-    sql: "SELECT status, token, attempts, fingerprint, created_at, expires_at, xmin, payload, error, key
-            FROM idempotency.records WHERE scope = $1 AND key = ANY($2)",
-    args: &[T_TEXT, T_TEXT_ARRAY],
+static INSERT_ONCE: Stmt = Stmt {
+    sql: "INSERT INTO idempotency.records (scope, key, status, attempts, created_at, updated_at)
+          VALUES ($1, $2, 'completed', 1, now(), now())",
+    args: &[T_TEXT, T_TEXT],
 };
 static INSERT_CLAIMS: Stmt = Stmt {
     sql: "INSERT INTO idempotency.records
@@ -52,81 +56,57 @@ static COMPLETE_MANY: Stmt = Stmt {
            WHERE r.scope = $1 AND r.key = u.k",
     args: &[T_TEXT, T_TEXT_ARRAY, T_JSONB_ARRAY],
 };
-// Lookup and insert in one statement, both under the latest snapshot: the xmin of the existing
-// record (for the snapshot check), or the insert.
-static ONCE: Stmt = Stmt {
-    sql: "WITH found AS (SELECT xmin FROM idempotency.records WHERE scope = $1 AND key = $2),
-               fresh AS (INSERT INTO idempotency.records (scope, key, status, attempts, created_at, updated_at)
-                         SELECT $1, $2, 'completed', 1, now(), now() WHERE NOT EXISTS (SELECT FROM found)
-                         RETURNING 1)
-          SELECT (SELECT xmin FROM found LIMIT 1), EXISTS (SELECT FROM fresh)",
-    args: &[T_TEXT, T_TEXT],
-};
 static STATUS: Stmt = Stmt {
     sql: "SELECT status, attempts, token, payload, error, created_at, updated_at, expires_at
             FROM idempotency.records WHERE scope = $1 AND key = $2",
     args: &[T_TEXT, T_TEXT],
 };
-// The common case in one statement, under the latest snapshot: the key's record (columns 1-9,
-// as LOOKUP), or, when it has none, the new claim (token and expires_at in columns 10-11).
-static LOOKUP_OR_CLAIM: Stmt = Stmt {
-    sql: "WITH found AS (SELECT status, token, attempts, fingerprint, created_at, expires_at, xmin, payload, error
-                           FROM idempotency.records WHERE scope = $1 AND key = $2),
-               fresh AS (INSERT INTO idempotency.records
-                                (scope, key, status, token, attempts, fingerprint, created_at, updated_at, expires_at)
-                         SELECT $1, $2, 'pending', nextval('idempotency.token_seq'), 1, $3, now(),
-                                clock_timestamp(), clock_timestamp() + $4
-                          WHERE NOT EXISTS (SELECT FROM found)
-                         RETURNING token, expires_at)
-          SELECT f.status, f.token, f.attempts, f.fingerprint, f.created_at, f.expires_at, f.xmin, f.payload, f.error,
-                 n.token, n.expires_at
-            FROM (SELECT) AS one LEFT JOIN found f ON true LEFT JOIN fresh n ON true",
-    args: &[T_TEXT, T_TEXT, T_TEXT, T_IVL],
-};
-// The updates name the row's created_at so that only its own partition is searched.
+// The updates go straight to the row version the lookup found: its partition (`{partition}`,
+// see `Conn::run_on`) and its ctid. Through the parent, every call would open and lock every
+// partition again. The version is still the latest: its key's lock is held since the lookup.
 static TAKE_OVER: Stmt = Stmt {
-    sql: "UPDATE idempotency.records
+    sql: "UPDATE {partition}
              SET status = 'pending', token = nextval('idempotency.token_seq'), attempts = attempts + 1,
                  fingerprint = coalesce(fingerprint, $4), updated_at = clock_timestamp(),
                  expires_at = clock_timestamp() + $5
-           WHERE scope = $1 AND key = $2 AND created_at = $3
+           WHERE ctid = $3 AND scope = $1 AND key = $2
           RETURNING token, attempts, expires_at",
-    args: &[T_TEXT, T_TEXT, T_TS, T_TEXT, T_IVL],
+    args: &[T_TEXT, T_TEXT, T_TID, T_TEXT, T_IVL],
 };
 static MARK_FAILED: Stmt = Stmt {
-    sql: "UPDATE idempotency.records
+    sql: "UPDATE {partition}
              SET status = 'failed', error = $4, updated_at = clock_timestamp(), expires_at = NULL
-           WHERE scope = $1 AND key = $2 AND created_at = $3",
-    args: &[T_TEXT, T_TEXT, T_TS, T_JSONB],
+           WHERE ctid = $3 AND scope = $1 AND key = $2",
+    args: &[T_TEXT, T_TEXT, T_TID, T_JSONB],
 };
 // A key whose consumer died `max_attempts` times: terminal, with the last error kept inside.
 static MARK_POISON: Stmt = Stmt {
-    sql: "UPDATE idempotency.records
+    sql: "UPDATE {partition}
              SET status = 'failed', updated_at = clock_timestamp(), expires_at = NULL,
                  error = jsonb_build_object('error', 'max_attempts_exceeded', 'attempts', attempts,
                                             'last_error', error)
-           WHERE scope = $1 AND key = $2 AND created_at = $3
+           WHERE ctid = $3 AND scope = $1 AND key = $2
           RETURNING error",
-    args: &[T_TEXT, T_TEXT, T_TS],
+    args: &[T_TEXT, T_TEXT, T_TID],
 };
 static RELEASE: Stmt = Stmt {
-    sql: "UPDATE idempotency.records
+    sql: "UPDATE {partition}
              SET token = NULL, error = $4, updated_at = clock_timestamp(), expires_at = clock_timestamp()
-           WHERE scope = $1 AND key = $2 AND created_at = $3",
-    args: &[T_TEXT, T_TEXT, T_TS, T_JSONB],
+           WHERE ctid = $3 AND scope = $1 AND key = $2",
+    args: &[T_TEXT, T_TEXT, T_TID, T_JSONB],
 };
 static COMPLETE: Stmt = Stmt {
-    sql: "UPDATE idempotency.records
+    sql: "UPDATE {partition}
              SET status = 'completed', payload = $4, updated_at = clock_timestamp(), expires_at = NULL
-           WHERE scope = $1 AND key = $2 AND created_at = $3",
-    args: &[T_TEXT, T_TEXT, T_TS, T_JSONB],
+           WHERE ctid = $3 AND scope = $1 AND key = $2",
+    args: &[T_TEXT, T_TEXT, T_TID, T_JSONB],
 };
 static HEARTBEAT: Stmt = Stmt {
-    sql: "UPDATE idempotency.records
+    sql: "UPDATE {partition}
              SET expires_at = clock_timestamp() + $4, updated_at = clock_timestamp()
-           WHERE scope = $1 AND key = $2 AND created_at = $3
+           WHERE ctid = $3 AND scope = $1 AND key = $2
           RETURNING expires_at",
-    args: &[T_TEXT, T_TEXT, T_TS, T_IVL],
+    args: &[T_TEXT, T_TEXT, T_TID, T_IVL],
 };
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -160,9 +140,11 @@ struct Record {
     token: Option<i64>,
     attempts: i32,
     fingerprint: Option<String>,
-    created_at: pg_sys::TimestampTz,
     expires_at: Option<pg_sys::TimestampTz>,
     xmin: pg_sys::TransactionId,
+    /// Where it is: its partition and its ctid there.
+    partition: pg_sys::Oid,
+    tid: pg_sys::ItemPointerData,
     /// The stored payload for `completed`, the stored error otherwise (read only when needed).
     document: Option<Document>,
 }
@@ -206,52 +188,54 @@ fn check_snapshot_sees(k: Key, xmin: pg_sys::TransactionId) {
 }
 
 impl Record {
-    /// Reads row `i` of a LOOKUP-shaped result (status .. error in columns 1..9).
-    fn from_row(rows: &Rows, i: usize, k: Key) -> Record {
-        let xmin: pg_sys::TransactionId = rows.get(i, 7).expect("xmin");
+    /// Reads a record found by a probe, checking that this transaction may see it.
+    fn from_tuple(t: &Tuple, k: Key) -> Record {
+        let xmin = t.xmin();
         check_snapshot_sees(k, xmin);
-        let status = Status::parse(&rows.get::<String>(i, 1).expect("status"));
-        let document_col = if status == Status::Completed { 8 } else { 9 };
+        let status = Status::parse(&t.get::<String>(Col::Status).expect("status"));
+        let document = match status {
+            Status::Pending => None,
+            Status::Completed => t.get_document(Col::Payload),
+            Status::Failed => t.get_document(Col::Error),
+        };
         Record {
             status,
-            token: rows.get(i, 2),
-            attempts: rows.get(i, 3).expect("attempts"),
-            fingerprint: rows.get(i, 4),
-            created_at: rows.get_ts(i, 5).expect("created_at"),
-            expires_at: rows.get_ts(i, 6),
+            token: t.get(Col::Token),
+            attempts: t.get(Col::Attempts).expect("attempts"),
+            fingerprint: t.get(Col::Fingerprint),
+            expires_at: t.get_ts(Col::ExpiresAt),
             xmin,
-            document: if status == Status::Pending { None } else { rows.get_document(i, document_col) },
+            partition: t.partition(),
+            tid: t.tid(),
+            document,
         }
     }
 }
 
-fn lookup(conn: &Conn, k: Key) -> Option<Record> {
-    let rows = conn.run(&LOOKUP, &k.args(), Snap::Latest);
-    (rows.len() > 0).then(|| Record::from_row(&rows, 0, k))
+/// A key's record under the latest snapshot. `_conn` is open: documents are copied out to the
+/// caller's memory through SPI.
+fn lookup(_conn: &Conn, k: Key) -> Option<Record> {
+    Prober::open(k.scope).find(k.key, |t| Record::from_tuple(t, k))
 }
 
 /// The records of several keys of one scope, by key.
-fn lookup_many(conn: &Conn, scope: &str, keys: &[&str]) -> HashMap<String, Record> {
-    let rows = conn.run(&LOOKUP_MANY, &[arg(scope), arg(keys.to_vec())], Snap::Latest);
-    (0..rows.len())
-        .map(|i| {
-            let key: String = rows.get(i, 10).expect("key");
-            let rec = Record::from_row(&rows, i, Key { scope, key: &key });
-            (key, rec)
-        })
+fn lookup_many(_conn: &Conn, scope: &str, keys: &[&str]) -> HashMap<String, Record> {
+    let mut prober = Prober::open(scope);
+    keys.iter()
+        .filter_map(|&key| prober.find(key, |t| (key.to_string(), Record::from_tuple(t, Key { scope, key }))))
         .collect()
 }
 
 /// Locks several keys in a fixed (sorted) order, so two batches never deadlock on each other.
-/// Returns the distinct keys, sorted.
-fn lock_all<'a>(scope: &str, keys: &[&'a str]) -> Vec<&'a str> {
+/// Returns the distinct keys, sorted, with their locks.
+fn lock_all<'a>(scope: &str, keys: &[&'a str]) -> Vec<(&'a str, KeyLock)> {
     let mut distinct = keys.to_vec();
     distinct.sort_unstable();
     distinct.dedup();
-    for key in &distinct {
-        keylock::lock_key(scope, key, true);
-    }
     distinct
+        .into_iter()
+        .map(|key| (key, keylock::lock_key(scope, key, true).expect("waited for the lock")))
+        .collect()
 }
 
 fn expect_one(rows: &Rows, what: &str) {
@@ -330,10 +314,10 @@ fn settled(rec: Record, fingerprint: Option<&str>) -> Result<Claim, Record> {
 pub fn claim(k: Key, ttl: Interval, fingerprint: Option<&str>, wait: bool) -> Claim {
     let conn = Conn::open();
     partitions::ensure_covered(&conn, unsafe { pg_sys::GetCurrentTransactionStartTimestamp() });
-    if !keylock::lock_key(k.scope, k.key, wait) {
+    let Some(lock) = keylock::lock_key(k.scope, k.key, wait) else {
         // Another open transaction holds the key: report what is settled, never write.
         return match lookup(&conn, k) {
-            Some(rec) => claim_existing(&conn, k, rec, ttl, fingerprint, false),
+            Some(rec) => claim_existing(&conn, k, rec, ttl, fingerprint, false).0,
             None => Claim {
                 outcome: Outcome::InProgress,
                 token: None,
@@ -342,24 +326,28 @@ pub fn claim(k: Key, ttl: Interval, fingerprint: Option<&str>, wait: bool) -> Cl
                 expires_at: None,
             },
         };
+    };
+    if let Some(rec) = lookup(&conn, k) {
+        let (answer, wrote) = claim_existing(&conn, k, rec, ttl, fingerprint, true);
+        if !wrote {
+            lock.release_if_only_read();
+        }
+        return answer;
     }
     let rows =
-        conn.run(&LOOKUP_OR_CLAIM, &[arg(k.scope), arg(k.key), arg(fingerprint), arg(ttl)], Snap::Latest);
+        conn.run(&INSERT_CLAIM, &[arg(k.scope), arg(k.key), arg(fingerprint), arg(ttl)], Snap::Statement);
     expect_one(&rows, "claim");
-    if rows.get::<String>(0, 1).is_some() {
-        let rec = Record::from_row(&rows, 0, k);
-        return claim_existing(&conn, k, rec, ttl, fingerprint, true);
-    }
     Claim {
         outcome: Outcome::Claimed,
-        token: rows.get(0, 10),
+        token: rows.get(0, 1),
         attempts: Some(1),
         payload: None,
-        expires_at: rows.get_ts(0, 11),
+        expires_at: rows.get_ts(0, 2),
     }
 }
 
 /// The claim of a key that has a record. `locked` says whether we hold the key's lock.
+/// Also says whether it wrote to the record.
 fn claim_existing(
     conn: &Conn,
     k: Key,
@@ -367,40 +355,43 @@ fn claim_existing(
     ttl: Interval,
     fingerprint: Option<&str>,
     locked: bool,
-) -> Claim {
+) -> (Claim, bool) {
     let rec = match settled(rec, fingerprint) {
-        Ok(answer) => return answer,
+        Ok(answer) => return (answer, false),
         Err(pending) => pending,
     };
     if !locked || rec.lease_is_live() {
-        return report(Outcome::InProgress, rec);
+        return (report(Outcome::InProgress, rec), false);
     }
     let [scope, key] = k.args();
     if rec.attempts >= gucs::max_attempts() {
         // A message whose consumer dies every time: stop handing it out.
-        let rows = conn.run(&MARK_POISON, &[scope, key, ts_arg(rec.created_at)], Snap::Statement);
+        let rows = conn.run_on(&MARK_POISON, rec.partition, &[scope, key, tid_arg(rec.tid)], Snap::Statement);
         expect_one(&rows, "mark failed");
-        return Claim {
+        let answer = Claim {
             outcome: Outcome::Failed,
             token: None,
             attempts: Some(rec.attempts),
             payload: rows.get_document(0, 1),
             expires_at: None,
         };
+        return (answer, true);
     }
-    let rows = conn.run(
+    let rows = conn.run_on(
         &TAKE_OVER,
-        &[scope, key, ts_arg(rec.created_at), arg(fingerprint), arg(ttl)],
+        rec.partition,
+        &[scope, key, tid_arg(rec.tid), arg(fingerprint), arg(ttl)],
         Snap::Statement,
     );
     expect_one(&rows, "take over");
-    Claim {
+    let answer = Claim {
         outcome: Outcome::Claimed,
         token: rows.get(0, 1),
         attempts: rows.get(0, 2),
         payload: None,
         expires_at: rows.get_ts(0, 3),
-    }
+    };
+    (answer, true)
 }
 
 /// Claims several keys of one scope in one go. Returns one claim per input key, in input
@@ -409,7 +400,8 @@ fn claim_existing(
 pub fn claim_batch(scope: &str, keys: &[&str], ttl: Interval) -> Vec<Claim> {
     let conn = Conn::open();
     partitions::ensure_covered(&conn, unsafe { pg_sys::GetCurrentTransactionStartTimestamp() });
-    let distinct = lock_all(scope, keys);
+    let locks = lock_all(scope, keys);
+    let distinct: Vec<&str> = locks.iter().map(|(key, _)| *key).collect();
     let mut found = lookup_many(&conn, scope, &distinct);
     let missing: Vec<&str> = distinct.iter().copied().filter(|key| !found.contains_key(*key)).collect();
     let mut answers: HashMap<&str, Claim> = HashMap::with_capacity(distinct.len());
@@ -430,9 +422,13 @@ pub fn claim_batch(scope: &str, keys: &[&str], ttl: Interval) -> Vec<Claim> {
             );
         }
     }
-    for key in &distinct {
-        if let Some(rec) = found.remove(*key) {
-            answers.insert(key, claim_existing(&conn, Key { scope, key }, rec, ttl, None, true));
+    for (key, lock) in locks {
+        if let Some(rec) = found.remove(key) {
+            let (answer, wrote) = claim_existing(&conn, Key { scope, key }, rec, ttl, None, true);
+            if !wrote {
+                lock.release_if_only_read();
+            }
+            answers.insert(key, answer);
         }
     }
     let mut seen = std::collections::HashSet::with_capacity(distinct.len());
@@ -478,7 +474,8 @@ pub fn complete(k: Key, payload: Option<Document>, token: Option<i64>) {
     let rec = held(&conn, k, token);
     let [scope, key] = k.args();
     let payload = payload.map(|d| d.datum());
-    let rows = conn.run(&COMPLETE, &[scope, key, ts_arg(rec.created_at), payload], Snap::Statement);
+    let rows =
+        conn.run_on(&COMPLETE, rec.partition, &[scope, key, tid_arg(rec.tid), payload], Snap::Statement);
     expect_one(&rows, "complete");
 }
 
@@ -490,7 +487,7 @@ pub fn fail(k: Key, error: Option<Document>, retryable: bool, token: Option<i64>
     let terminal = !retryable || rec.attempts >= gucs::max_attempts();
     let stmt = if terminal { &MARK_FAILED } else { &RELEASE };
     let error = error.map(|d| d.datum());
-    let rows = conn.run(stmt, &[scope, key, ts_arg(rec.created_at), error], Snap::Statement);
+    let rows = conn.run_on(stmt, rec.partition, &[scope, key, tid_arg(rec.tid), error], Snap::Statement);
     expect_one(&rows, "fail");
     if terminal {
         "failed"
@@ -503,7 +500,8 @@ pub fn heartbeat(k: Key, ttl: Interval, token: Option<i64>) -> pg_sys::Timestamp
     let conn = Conn::open();
     let rec = held(&conn, k, token);
     let [scope, key] = k.args();
-    let rows = conn.run(&HEARTBEAT, &[scope, key, ts_arg(rec.created_at), arg(ttl)], Snap::Statement);
+    let rows =
+        conn.run_on(&HEARTBEAT, rec.partition, &[scope, key, tid_arg(rec.tid), arg(ttl)], Snap::Statement);
     expect_one(&rows, "heartbeat");
     rows.get_ts(0, 1).expect("expires_at")
 }
@@ -512,13 +510,14 @@ pub fn heartbeat(k: Key, ttl: Interval, token: Option<i64>) -> pg_sys::Timestamp
 pub fn once(k: Key) -> bool {
     let conn = Conn::open();
     partitions::ensure_covered(&conn, unsafe { pg_sys::GetCurrentTransactionStartTimestamp() });
-    keylock::lock_key(k.scope, k.key, true);
-    let rows = conn.run(&ONCE, &k.args(), Snap::Latest);
-    if let Some(xmin) = rows.get::<pg_sys::TransactionId>(0, 1) {
+    let lock = keylock::lock_key(k.scope, k.key, true).expect("waited for the lock");
+    if let Some(xmin) = Prober::open(k.scope).find(k.key, |t| t.xmin()) {
         check_snapshot_sees(k, xmin);
+        lock.release_if_only_read();
         return false;
     }
-    rows.get::<bool>(0, 2) == Some(true)
+    conn.run(&INSERT_ONCE, &k.args(), Snap::Statement);
+    true
 }
 
 /// Completes several claimed keys of one scope; every key must be held by the caller (see
@@ -545,15 +544,20 @@ pub fn complete_batch(
 pub fn once_batch(scope: &str, keys: &[&str]) -> Vec<String> {
     let conn = Conn::open();
     partitions::ensure_covered(&conn, unsafe { pg_sys::GetCurrentTransactionStartTimestamp() });
-    let distinct = lock_all(scope, keys);
-    let rows = conn.run(&LOOKUP_MANY, &[arg(scope), arg(distinct.clone())], Snap::Latest);
-    let mut seen = std::collections::HashSet::with_capacity(distinct.len());
-    for i in 0..rows.len() {
-        let key: String = rows.get(i, 10).expect("key");
-        check_snapshot_sees(Key { scope, key: &key }, rows.get(i, 7).expect("xmin"));
-        seen.insert(key);
+    let locks = lock_all(scope, keys);
+    // Opened after the locks: its snapshot must see what their previous holders committed.
+    let mut prober = Prober::open(scope);
+    let mut fresh = Vec::new();
+    for (key, lock) in locks {
+        match prober.find(key, |t| t.xmin()) {
+            Some(xmin) => {
+                check_snapshot_sees(Key { scope, key }, xmin);
+                lock.release_if_only_read();
+            }
+            None => fresh.push(key),
+        }
     }
-    let fresh: Vec<&str> = distinct.iter().copied().filter(|k| !seen.contains(*k)).collect();
+    drop(prober);
     if !fresh.is_empty() {
         conn.run(&INSERT_ONCES, &[arg(scope), arg(fresh.clone())], Snap::Statement);
     }

@@ -17,7 +17,8 @@ pub struct Stmt {
 }
 
 thread_local! {
-    static PLANS: RefCell<HashMap<usize, pg_sys::SPIPlanPtr>> = RefCell::new(HashMap::new());
+    /// Saved plans by statement and, for statements on one partition, the partition's oid.
+    static PLANS: RefCell<HashMap<(usize, pg_sys::Oid), pg_sys::SPIPlanPtr>> = RefCell::new(HashMap::new());
 }
 
 /// Which snapshot a statement reads with.
@@ -43,12 +44,18 @@ impl Conn {
         Conn(())
     }
 
-    fn plan(&self, stmt: &'static Stmt) -> pg_sys::SPIPlanPtr {
-        let id = stmt as *const Stmt as usize;
+    fn plan(&self, stmt: &'static Stmt, partition: pg_sys::Oid) -> pg_sys::SPIPlanPtr {
+        let id = (stmt as *const Stmt as usize, partition);
         if let Some(plan) = PLANS.with(|p| p.borrow().get(&id).copied()) {
             return plan;
         }
-        let sql = CString::new(stmt.sql).expect("statement text has no NUL");
+        let sql = if partition == pg_sys::InvalidOid {
+            stmt.sql.to_string()
+        } else {
+            forget_dropped_partitions();
+            stmt.sql.replace("{partition}", &qualified_name(partition))
+        };
+        let sql = CString::new(sql).expect("statement text has no NUL");
         let mut types = stmt.args.to_vec();
         let plan = unsafe {
             // Generic plans only: a custom plan would be re-planned at every call (our updates
@@ -73,8 +80,31 @@ impl Conn {
 
     /// Runs a saved statement with the given arguments (already converted to datums).
     pub fn run(&self, stmt: &'static Stmt, args: &[Option<pg_sys::Datum>], snap: Snap) -> Rows<'_> {
+        self.run_plan(stmt, pg_sys::InvalidOid, args, snap)
+    }
+
+    /// Runs a saved statement on one partition: `{partition}` in its text stands for the
+    /// partition's qualified name. Each partition gets its own plan, made on first use.
+    pub fn run_on(
+        &self,
+        stmt: &'static Stmt,
+        partition: pg_sys::Oid,
+        args: &[Option<pg_sys::Datum>],
+        snap: Snap,
+    ) -> Rows<'_> {
+        assert!(partition != pg_sys::InvalidOid, "no partition for: {}", stmt.sql);
+        self.run_plan(stmt, partition, args, snap)
+    }
+
+    fn run_plan(
+        &self,
+        stmt: &'static Stmt,
+        partition: pg_sys::Oid,
+        args: &[Option<pg_sys::Datum>],
+        snap: Snap,
+    ) -> Rows<'_> {
         assert_eq!(args.len(), stmt.args.len(), "argument count of: {}", stmt.sql);
-        let plan = self.plan(stmt);
+        let plan = self.plan(stmt, partition);
         let mut values: Vec<pg_sys::Datum> =
             args.iter().map(|a| a.unwrap_or(pg_sys::Datum::from(0usize))).collect();
         let nulls: Vec<std::os::raw::c_char> =
@@ -119,6 +149,41 @@ impl Drop for Conn {
             unsafe {
                 pg_sys::SPI_finish();
             }
+        }
+    }
+}
+
+/// `schema.table` for a relation, quoted.
+fn qualified_name(relid: pg_sys::Oid) -> String {
+    unsafe {
+        let name = pg_sys::get_rel_name(relid);
+        if name.is_null() {
+            panic!("relation {} does not exist", relid.to_u32());
+        }
+        let schema = pg_sys::get_namespace_name(pg_sys::get_rel_namespace(relid));
+        format!(
+            "{}.{}",
+            quote_ident(&std::ffi::CStr::from_ptr(schema).to_string_lossy()),
+            quote_ident(&std::ffi::CStr::from_ptr(name).to_string_lossy())
+        )
+    }
+}
+
+/// Frees the plans of partitions that retention has dropped since, so that a long-lived
+/// backend keeps plans for the partitions that exist only. Runs when a partition is first seen.
+fn forget_dropped_partitions() {
+    let gone: Vec<(usize, pg_sys::Oid)> = PLANS.with(|p| {
+        p.borrow()
+            .keys()
+            .filter(|(_, part)| {
+                *part != pg_sys::InvalidOid && unsafe { pg_sys::get_rel_name(*part) }.is_null()
+            })
+            .copied()
+            .collect()
+    });
+    for id in gone {
+        if let Some(plan) = PLANS.with(|p| p.borrow_mut().remove(&id)) {
+            unsafe { pg_sys::SPI_freeplan(plan) };
         }
     }
 }
@@ -183,6 +248,16 @@ pub fn arg<T: IntoDatum>(value: T) -> Option<pg_sys::Datum> {
 /// A timestamptz argument from PostgreSQL's microseconds since 2000-01-01.
 pub fn ts_arg(ts: pg_sys::TimestampTz) -> Option<pg_sys::Datum> {
     arg(TimestampWithTimeZone::try_from(ts).expect("valid timestamp"))
+}
+
+/// A tid argument (a row version's ctid), copied into the current memory context.
+pub fn tid_arg(tid: pg_sys::ItemPointerData) -> Option<pg_sys::Datum> {
+    unsafe {
+        let copy =
+            pg_sys::palloc(std::mem::size_of::<pg_sys::ItemPointerData>()) as *mut pg_sys::ItemPointerData;
+        copy.write(tid);
+        Some(pg_sys::Datum::from(copy))
+    }
 }
 
 fn quoted(raw: *const std::os::raw::c_char) -> String {
