@@ -26,8 +26,7 @@ fn same_length(name: &str, len: usize, keys: usize) {
     }
 }
 
-#[pg_extern(security_definer, volatile, parallel_unsafe)]
-#[search_path(pg_catalog, pg_temp)]
+#[pg_extern(volatile, parallel_unsafe)]
 fn idem_claim_batch(
     keys: Option<Vec<Option<String>>>,
     ttl: default!(Option<Interval>, "NULL"),
@@ -59,8 +58,7 @@ fn idem_claim_batch(
     TableIterator::new(rows)
 }
 
-#[pg_extern(security_definer, volatile, parallel_unsafe)]
-#[search_path(pg_catalog, pg_temp)]
+#[pg_extern(volatile, parallel_unsafe)]
 fn idem_complete_batch(
     keys: Option<Vec<Option<String>>>,
     payloads: default!(Option<Documents>, "NULL"),
@@ -91,8 +89,7 @@ fn idem_complete_batch(
     records::complete_batch(scope, &keys, payloads.as_ref(), &tokens) as i32
 }
 
-#[pg_extern(security_definer, volatile, parallel_unsafe)]
-#[search_path(pg_catalog, pg_temp)]
+#[pg_extern(volatile, parallel_unsafe)]
 fn idem_once_batch(
     keys: Option<Vec<Option<String>>>,
     scope: default!(Option<&str>, "'default'"),

@@ -1,7 +1,8 @@
 //! `idem_claim`, `idem_complete`, `idem_fail`, `idem_heartbeat`, `idem_once`, `idem_status`.
 //!
-//! They are SECURITY DEFINER so that consumers need no privileges on the storage tables, with
-//! `search_path` pinned to `pg_catalog, pg_temp` so no caller's schema can shadow what they call.
+//! They check their arguments, then hand over to `storage`, which runs as the extension's owner
+//! with `pg_catalog` as the only search path (see `storage::spi::Conn`): consumers need no
+//! privilege on the storage tables, and no caller's schema can shadow what the storage runs.
 use super::args;
 use crate::storage::document::Document;
 use crate::storage::records;
@@ -14,8 +15,7 @@ fn ts(value: pg_sys::TimestampTz) -> Ts {
     Ts::try_from(value).expect("valid timestamp")
 }
 
-#[pg_extern(security_definer, volatile, parallel_unsafe)]
-#[search_path(pg_catalog, pg_temp)]
+#[pg_extern(volatile, parallel_unsafe)]
 fn idem_claim(
     key: Option<&str>,
     ttl: default!(Option<Interval>, "NULL"),
@@ -46,8 +46,7 @@ fn idem_claim(
     ))
 }
 
-#[pg_extern(security_definer, volatile, parallel_unsafe)]
-#[search_path(pg_catalog, pg_temp)]
+#[pg_extern(volatile, parallel_unsafe)]
 fn idem_complete(
     key: Option<&str>,
     payload: default!(Option<Document>, "NULL"),
@@ -60,8 +59,7 @@ fn idem_complete(
     records::complete(k, payload, token);
 }
 
-#[pg_extern(security_definer, volatile, parallel_unsafe)]
-#[search_path(pg_catalog, pg_temp)]
+#[pg_extern(volatile, parallel_unsafe)]
 fn idem_fail(
     key: Option<&str>,
     error: default!(Option<Document>, "NULL"),
@@ -76,8 +74,7 @@ fn idem_fail(
     records::fail(k, error, retryable, token).to_string()
 }
 
-#[pg_extern(security_definer, volatile, parallel_unsafe)]
-#[search_path(pg_catalog, pg_temp)]
+#[pg_extern(volatile, parallel_unsafe)]
 fn idem_heartbeat(
     key: Option<&str>,
     ttl: default!(Option<Interval>, "NULL"),
@@ -90,14 +87,12 @@ fn idem_heartbeat(
     ts(records::heartbeat(k, ttl, token))
 }
 
-#[pg_extern(security_definer, volatile, parallel_unsafe)]
-#[search_path(pg_catalog, pg_temp)]
+#[pg_extern(volatile, parallel_unsafe)]
 fn idem_once(key: Option<&str>, scope: default!(Option<&str>, "'default'")) -> bool {
     records::once(args::key(key, scope))
 }
 
-#[pg_extern(security_definer, volatile, parallel_unsafe)]
-#[search_path(pg_catalog, pg_temp)]
+#[pg_extern(volatile, parallel_unsafe)]
 fn idem_status(
     key: Option<&str>,
     scope: default!(Option<&str>, "'default'"),

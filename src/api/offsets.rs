@@ -23,8 +23,7 @@ fn non_negative(name: &str, value: Option<i64>) -> Option<i64> {
     value
 }
 
-#[pg_extern(security_definer, volatile, parallel_unsafe)]
-#[search_path(pg_catalog, pg_temp)]
+#[pg_extern(volatile, parallel_unsafe)]
 fn idem_record_offset(
     consumer_group: Option<&str>,
     topic: Option<&str>,
@@ -38,8 +37,7 @@ fn idem_record_offset(
     offsets::record(p, processed, generation)
 }
 
-#[pg_extern(security_definer, volatile, parallel_unsafe)]
-#[search_path(pg_catalog, pg_temp)]
+#[pg_extern(volatile, parallel_unsafe)]
 fn idem_next_offset(
     consumer_group: Option<&str>,
     topic: Option<&str>,
@@ -48,8 +46,7 @@ fn idem_next_offset(
     offsets::next(position(consumer_group, topic, partition))
 }
 
-#[pg_extern(security_definer, volatile, parallel_unsafe)]
-#[search_path(pg_catalog, pg_temp)]
+#[pg_extern(volatile, parallel_unsafe)]
 fn idem_offsets(
     consumer_group: Option<&str>,
     topic: default!(Option<&str>, "NULL"),
@@ -76,8 +73,7 @@ fn idem_offsets(
     }))
 }
 
-#[pg_extern(security_definer, volatile, parallel_unsafe)]
-#[search_path(pg_catalog, pg_temp)]
+#[pg_extern(volatile, parallel_unsafe)]
 fn idem_reset_offset(
     consumer_group: Option<&str>,
     topic: Option<&str>,

@@ -36,6 +36,7 @@ struct Layout {
 
 thread_local! {
     static RECORDS_OID: Cell<pg_sys::Oid> = const { Cell::new(pg_sys::InvalidOid) };
+    static RECORDS_OWNER: Cell<pg_sys::Oid> = const { Cell::new(pg_sys::InvalidOid) };
     static LAYOUTS: RefCell<HashMap<pg_sys::Oid, Layout>> = RefCell::new(HashMap::new());
     static CALLBACK_REGISTERED: Cell<bool> = const { Cell::new(false) };
 }
@@ -46,13 +47,14 @@ thread_local! {
 unsafe extern "C-unwind" fn forget(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
     if relid == pg_sys::InvalidOid || relid == RECORDS_OID.with(|r| r.get()) {
         RECORDS_OID.with(|r| r.set(pg_sys::InvalidOid));
+        RECORDS_OWNER.with(|r| r.set(pg_sys::InvalidOid));
         LAYOUTS.with(|l| l.borrow_mut().clear());
     } else {
         LAYOUTS.with(|l| l.borrow_mut().remove(&relid));
     }
 }
 
-fn records_oid() -> pg_sys::Oid {
+pub fn records_oid() -> pg_sys::Oid {
     if !CALLBACK_REGISTERED.with(|r| r.replace(true)) {
         unsafe { pg_sys::CacheRegisterRelcacheCallback(Some(forget), pg_sys::Datum::from(0usize)) };
     }
@@ -69,6 +71,23 @@ fn records_oid() -> pg_sys::Oid {
     }
     RECORDS_OID.with(|r| r.set(oid));
     oid
+}
+
+/// The role that owns the record table: the extension's owner, as whom the storage is written.
+pub fn records_owner() -> pg_sys::Oid {
+    let oid = records_oid();
+    let cached = RECORDS_OWNER.with(|r| r.get());
+    if cached != pg_sys::InvalidOid {
+        return cached;
+    }
+    let owner = unsafe {
+        let rel = pg_sys::table_open(oid, pg_sys::AccessShareLock as i32);
+        let owner = (*(*rel).rd_rel).relowner;
+        pg_sys::table_close(rel, pg_sys::NoLock as i32);
+        owner
+    };
+    RECORDS_OWNER.with(|r| r.set(owner));
+    owner
 }
 
 /// The `(scope, key)` index of an open partition and its column numbers.
@@ -142,7 +161,8 @@ impl Prober {
             pg_sys::CommandCounterIncrement();
             let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
             let mut leaves = Vec::new();
-            collect_leaves(records_oid(), &mut leaves);
+            let horizon = pg_sys::GetCurrentTimestamp() + FUTURE_MARGIN_US;
+            collect_leaves(records_oid(), Some(horizon), &mut leaves);
             // Newest first: a duplicate is most likely a recent key.
             leaves.reverse();
             let parts = leaves
@@ -196,9 +216,19 @@ impl Prober {
     }
 }
 
+/// Partitions premade for later than this past the current time are not searched: rows get
+/// `created_at = now()`, the start of their transaction, which began before the lookup (that
+/// waited for the key's lock). The margin absorbs a system clock stepped backwards.
+const FUTURE_MARGIN_US: i64 = 3600 * 1_000_000;
+
 /// The leaf partitions under `relid`, oldest range first (partition descriptors list partitions
-/// in bound order), each opened and locked.
-unsafe fn collect_leaves(relid: pg_sys::Oid, out: &mut Vec<pg_sys::Relation>) {
+/// in bound order), each opened and locked; when `horizon` is given, without the partitions whose
+/// range starts after it.
+unsafe fn collect_leaves(
+    relid: pg_sys::Oid,
+    horizon: Option<pg_sys::TimestampTz>,
+    out: &mut Vec<pg_sys::Relation>,
+) {
     let rel = pg_sys::table_open(relid, pg_sys::AccessShareLock as i32);
     if (*(*rel).rd_rel).relkind as u8 != pg_sys::RELKIND_PARTITIONED_TABLE {
         out.push(rel);
@@ -208,10 +238,36 @@ unsafe fn collect_leaves(relid: pg_sys::Oid, out: &mut Vec<pg_sys::Relation>) {
     let desc = pg_sys::RelationGetPartitionDesc(rel, true);
     let children: Vec<pg_sys::Oid> =
         std::slice::from_raw_parts((*desc).oids, (*desc).nparts as usize).to_vec();
+    let starts = horizon.map(|_| range_starts(desc)).unwrap_or_default();
     pg_sys::table_close(rel, pg_sys::NoLock as i32);
-    for child in children {
-        collect_leaves(child, out);
+    for (i, child) in children.into_iter().enumerate() {
+        let later = matches!((starts.get(i), horizon), (Some(Some(start)), Some(h)) if *start > h);
+        if !later {
+            collect_leaves(child, None, out);
+        }
     }
+}
+
+/// The lower bound of each partition of a range-partitioned table on one timestamptz column,
+/// by position in the partition descriptor; None where unknown (a default partition, MINVALUE).
+unsafe fn range_starts(desc: pg_sys::PartitionDesc) -> Vec<Option<pg_sys::TimestampTz>> {
+    let mut starts = vec![None; (*desc).nparts as usize];
+    let bounds = (*desc).boundinfo;
+    if bounds.is_null() || (*bounds).strategy as u8 != pg_sys::PARTITION_STRATEGY_RANGE {
+        return starts;
+    }
+    // Range bounds are sorted; indexes[i] is the partition whose range ends at bound i, and so
+    // starts at bound i - 1 (or -1 when no partition ends there).
+    for i in 1..(*bounds).ndatums as usize {
+        let part = *(*bounds).indexes.add(i);
+        if part < 0 || part as usize >= starts.len() {
+            continue;
+        }
+        if **(*bounds).kind.add(i - 1) == pg_sys::PartitionRangeDatumKind::PARTITION_RANGE_DATUM_VALUE {
+            starts[part as usize] = Some((**(*bounds).datums.add(i - 1)).value() as i64);
+        }
+    }
+    starts
 }
 
 impl Drop for Prober {

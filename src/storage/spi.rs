@@ -31,17 +31,44 @@ pub enum Snap {
     Latest,
 }
 
-/// An open SPI connection; closed when dropped. On an ERROR, PostgreSQL's own (sub)transaction
-/// abort closes it, so it is left alone while unwinding.
-pub struct Conn(());
+/// An open SPI connection that runs as the owner of the record table, with `pg_catalog` as the
+/// only search path; closed, and the caller's role and search path given back, when dropped.
+///
+/// This is what `SECURITY DEFINER ... SET search_path` would do for the consumer functions,
+/// without its cost: that wrapper saves and restores the GUC state and invalidates the cached
+/// search path at every call (measured: 10-17% of `idem_once`'s throughput). Consumers hold no
+/// privilege on the storage, and a caller's schemas never shadow an operator or function of our
+/// statements. On an ERROR, PostgreSQL's (sub)transaction abort closes SPI, pops the search
+/// path and restores the role, so nothing is done while unwinding.
+pub struct Conn {
+    caller: pg_sys::Oid,
+    caller_context: i32,
+}
 
 impl Conn {
     pub fn open() -> Conn {
-        let rc = unsafe { pg_sys::SPI_connect() };
-        if rc < 0 {
-            panic!("SPI_connect failed: {rc}");
+        let mut caller = pg_sys::InvalidOid;
+        let mut caller_context = 0;
+        unsafe {
+            pg_sys::GetUserIdAndSecContext(&mut caller, &mut caller_context);
+            let owner = super::probe::records_owner();
+            pg_sys::SetUserIdAndSecContext(
+                owner,
+                caller_context | pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32,
+            );
+            let mut path = pg_sys::OverrideSearchPath {
+                schemas: std::ptr::null_mut(),
+                addCatalog: true,
+                addTemp: false,
+                generation: 0,
+            };
+            pg_sys::PushOverrideSearchPath(&mut path);
+            let rc = pg_sys::SPI_connect();
+            if rc < 0 {
+                panic!("SPI_connect failed: {rc}");
+            }
         }
-        Conn(())
+        Conn { caller, caller_context }
     }
 
     fn plan(&self, stmt: &'static Stmt, partition: pg_sys::Oid) -> pg_sys::SPIPlanPtr {
@@ -148,6 +175,8 @@ impl Drop for Conn {
         if !std::thread::panicking() {
             unsafe {
                 pg_sys::SPI_finish();
+                pg_sys::PopOverrideSearchPath();
+                pg_sys::SetUserIdAndSecContext(self.caller, self.caller_context);
             }
         }
     }
