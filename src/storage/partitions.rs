@@ -17,7 +17,7 @@ thread_local! {
     /// The range of a partition this backend has seen. Forgotten whenever the record table's
     /// relcache entry is invalidated, which any partition created, dropped, attached or detached
     /// (or rolled back) causes.
-    static COVERED: Cell<(pg_sys::TimestampTz, pg_sys::TimestampTz)> = const { Cell::new((0, 0)) };
+    static COVERED: Cell<Coverage> = const { Cell::new(Coverage { from: 0, to: 0, partition: pg_sys::InvalidOid }) };
     static RECORDS_OID: Cell<pg_sys::Oid> = const { Cell::new(pg_sys::InvalidOid) };
     static CALLBACK_REGISTERED: Cell<bool> = const { Cell::new(false) };
 }
@@ -25,11 +25,19 @@ thread_local! {
 #[pg_guard]
 unsafe extern "C-unwind" fn forget_coverage(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
     if relid == pg_sys::InvalidOid || relid == RECORDS_OID.with(|r| r.get()) {
-        COVERED.with(|c| c.set((0, 0)));
+        COVERED.with(|c| c.set(Coverage { from: 0, to: 0, partition: pg_sys::InvalidOid }));
     }
 }
 
-fn remember_coverage(range: (pg_sys::TimestampTz, pg_sys::TimestampTz), records: pg_sys::Oid) {
+/// A partition's range `[from, to)`.
+#[derive(Clone, Copy)]
+struct Coverage {
+    from: pg_sys::TimestampTz,
+    to: pg_sys::TimestampTz,
+    partition: pg_sys::Oid,
+}
+
+fn remember_coverage(range: Coverage, records: pg_sys::Oid) {
     if !CALLBACK_REGISTERED.with(|r| r.replace(true)) {
         unsafe { pg_sys::CacheRegisterRelcacheCallback(Some(forget_coverage), pg_sys::Datum::from(0usize)) };
     }
@@ -55,11 +63,13 @@ SELECT format('CREATE TABLE IF NOT EXISTS idempotency.%I PARTITION OF idempotenc
     args: &[pg_sys::TIMESTAMPTZOID, pg_sys::INTERVALOID, pg_sys::INT4OID],
 };
 
-/// The range of the partition that holds `$1` (if any), and the record table's oid.
+/// The range of the partition that holds `$1` (if any), the record table's oid, and the partition's.
 static COVERAGE: Stmt = Stmt {
-    sql: "SELECT (SELECT range_from FROM idempotency.partitions WHERE range_from <= $1 AND range_to > $1),
+    sql:
+        "SELECT (SELECT range_from FROM idempotency.partitions WHERE range_from <= $1 AND range_to > $1),
                  (SELECT range_to FROM idempotency.partitions WHERE range_from <= $1 AND range_to > $1),
-                 'idempotency.records'::regclass::oid",
+                 'idempotency.records'::regclass::oid,
+                 (SELECT partition::oid FROM idempotency.partitions WHERE range_from <= $1 AND range_to > $1)",
     args: &[pg_sys::TIMESTAMPTZOID],
 };
 
@@ -107,7 +117,11 @@ pub fn create_missing(conn: &Conn, as_of: pg_sys::TimestampTz) -> i32 {
         conn.execute(statement);
     }
     let rows = conn.run(&COVERAGE, &[ts_arg(as_of)], Snap::Latest);
-    let range = (rows.get_ts(0, 1).unwrap_or(0), rows.get_ts(0, 2).unwrap_or(0));
+    let range = Coverage {
+        from: rows.get_ts(0, 1).unwrap_or(0),
+        to: rows.get_ts(0, 2).unwrap_or(0),
+        partition: rows.get(0, 4).unwrap_or(pg_sys::InvalidOid),
+    };
     remember_coverage(range, rows.get(0, 3).expect("oid"));
     ddl.len() as i32
 }
@@ -116,11 +130,22 @@ pub fn create_missing(conn: &Conn, as_of: pg_sys::TimestampTz) -> i32 {
 /// Only the builtin manager creates partitions on demand: under pg_partman its default
 /// partition catches rows, and with `none` the DBA is in charge.
 pub fn ensure_covered(conn: &Conn, ts: pg_sys::TimestampTz) {
-    let (from, to) = COVERED.with(|c| c.get());
+    let Coverage { from, to, .. } = COVERED.with(|c| c.get());
     if (from <= ts && ts < to) || gucs::partition_manager() != gucs::PartitionManager::Builtin {
         return;
     }
     create_missing(conn, ts);
+}
+
+/// Where a row created at `ts` goes: the partition this backend knows holds `ts`, so that the
+/// insert skips tuple routing; else the record table, which routes it.
+pub fn insert_target(ts: pg_sys::TimestampTz) -> pg_sys::Oid {
+    let c = COVERED.with(|c| c.get());
+    if c.from <= ts && ts < c.to && c.partition != pg_sys::InvalidOid {
+        c.partition
+    } else {
+        super::probe::records_oid()
+    }
 }
 
 /// What dropping expired partitions did.

@@ -23,7 +23,7 @@ const T_JSONB: pg_sys::Oid = pg_sys::JSONBOID;
 const T_JSONB_ARRAY: pg_sys::Oid = pg_sys::JSONBARRAYOID;
 
 static INSERT_CLAIM: Stmt = Stmt {
-    sql: "INSERT INTO idempotency.records
+    sql: "INSERT INTO {partition}
                  (scope, key, status, token, attempts, fingerprint, created_at, updated_at, expires_at)
           VALUES ($1, $2, 'pending', nextval('idempotency.token_seq'), 1, $3, now(),
                   clock_timestamp(), clock_timestamp() + $4)
@@ -31,12 +31,12 @@ static INSERT_CLAIM: Stmt = Stmt {
     args: &[T_TEXT, T_TEXT, T_TEXT, T_IVL],
 };
 static INSERT_ONCE: Stmt = Stmt {
-    sql: "INSERT INTO idempotency.records (scope, key, status, attempts, created_at, updated_at)
+    sql: "INSERT INTO {partition} (scope, key, status, attempts, created_at, updated_at)
           VALUES ($1, $2, 'completed', 1, now(), now())",
     args: &[T_TEXT, T_TEXT],
 };
 static INSERT_CLAIMS: Stmt = Stmt {
-    sql: "INSERT INTO idempotency.records
+    sql: "INSERT INTO {partition}
                  (scope, key, status, token, attempts, created_at, updated_at, expires_at)
           SELECT $1, k, 'pending', nextval('idempotency.token_seq'), 1, now(), clock_timestamp(),
                  clock_timestamp() + $3
@@ -45,7 +45,7 @@ static INSERT_CLAIMS: Stmt = Stmt {
     args: &[T_TEXT, T_TEXT_ARRAY, T_IVL],
 };
 static INSERT_ONCES: Stmt = Stmt {
-    sql: "INSERT INTO idempotency.records (scope, key, status, attempts, created_at, updated_at)
+    sql: "INSERT INTO {partition} (scope, key, status, attempts, created_at, updated_at)
           SELECT $1, k, 'completed', 1, now(), now() FROM unnest($2::text[]) AS k",
     args: &[T_TEXT, T_TEXT_ARRAY],
 };
@@ -226,6 +226,11 @@ fn lookup_many(_conn: &Conn, scope: &str, keys: &[&str]) -> HashMap<String, Reco
         .collect()
 }
 
+/// Where this transaction's new records go (they get `created_at = now()`).
+fn new_rows_go() -> pg_sys::Oid {
+    partitions::insert_target(unsafe { pg_sys::GetCurrentTransactionStartTimestamp() })
+}
+
 /// Locks several keys in a fixed (sorted) order, so two batches never deadlock on each other.
 /// Returns the distinct keys, sorted, with their locks.
 fn lock_all<'a>(scope: &str, keys: &[&'a str]) -> Vec<(&'a str, KeyLock)> {
@@ -334,8 +339,12 @@ pub fn claim(k: Key, ttl: Interval, fingerprint: Option<&str>, wait: bool) -> Cl
         }
         return answer;
     }
-    let rows =
-        conn.run(&INSERT_CLAIM, &[arg(k.scope), arg(k.key), arg(fingerprint), arg(ttl)], Snap::Statement);
+    let rows = conn.run_on(
+        &INSERT_CLAIM,
+        new_rows_go(),
+        &[arg(k.scope), arg(k.key), arg(fingerprint), arg(ttl)],
+        Snap::Statement,
+    );
     expect_one(&rows, "claim");
     Claim {
         outcome: Outcome::Claimed,
@@ -406,7 +415,12 @@ pub fn claim_batch(scope: &str, keys: &[&str], ttl: Interval) -> Vec<Claim> {
     let missing: Vec<&str> = distinct.iter().copied().filter(|key| !found.contains_key(*key)).collect();
     let mut answers: HashMap<&str, Claim> = HashMap::with_capacity(distinct.len());
     if !missing.is_empty() {
-        let rows = conn.run(&INSERT_CLAIMS, &[arg(scope), arg(missing.clone()), arg(ttl)], Snap::Statement);
+        let rows = conn.run_on(
+            &INSERT_CLAIMS,
+            new_rows_go(),
+            &[arg(scope), arg(missing.clone()), arg(ttl)],
+            Snap::Statement,
+        );
         for i in 0..rows.len() {
             let key: String = rows.get(i, 1).expect("key");
             let slot = *missing.iter().find(|m| **m == key).expect("inserted key was asked for");
@@ -516,7 +530,7 @@ pub fn once(k: Key) -> bool {
         lock.release_if_only_read();
         return false;
     }
-    conn.run(&INSERT_ONCE, &k.args(), Snap::Statement);
+    conn.run_on(&INSERT_ONCE, new_rows_go(), &k.args(), Snap::Statement);
     true
 }
 
@@ -559,7 +573,7 @@ pub fn once_batch(scope: &str, keys: &[&str]) -> Vec<String> {
     }
     drop(prober);
     if !fresh.is_empty() {
-        conn.run(&INSERT_ONCES, &[arg(scope), arg(fresh.clone())], Snap::Statement);
+        conn.run_on(&INSERT_ONCES, new_rows_go(), &[arg(scope), arg(fresh.clone())], Snap::Statement);
     }
     let fresh: std::collections::HashSet<&str> = fresh.into_iter().collect();
     let mut emitted = std::collections::HashSet::with_capacity(fresh.len());

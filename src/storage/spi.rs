@@ -110,8 +110,9 @@ impl Conn {
         self.run_plan(stmt, pg_sys::InvalidOid, args, snap)
     }
 
-    /// Runs a saved statement on one partition: `{partition}` in its text stands for the
-    /// partition's qualified name. Each partition gets its own plan, made on first use.
+    /// Runs a saved statement on one partition (or on the record table itself): `{partition}`
+    /// in its text stands for the relation's qualified name. Each relation gets its own plan,
+    /// made on first use.
     pub fn run_on(
         &self,
         stmt: &'static Stmt,
