@@ -167,4 +167,46 @@ mod tests {
         assert!(dropped >= 5, "{dropped}");
         assert_eq!(one::<i64>(old), Some(0));
     }
+
+    #[pg_test]
+    fn lookups_search_past_and_current_partitions_not_far_future_ones() {
+        // Rows written by hand (as the owner) into partitions of 10 days ago, today and 3 days
+        // ahead: the first two are duplicates, the last is in a partition premade for later,
+        // which lookups do not search (no claim writes there before its time comes).
+        Spi::run("SELECT idempotency.premake_partitions(now() - interval '10 days')").unwrap();
+        Spi::run(
+            "INSERT INTO idempotency.records (scope, key, status, created_at)
+             VALUES ('default', 'past', 'completed', now() - interval '10 days'),
+                    ('default', 'today', 'completed', now()),
+                    ('default', 'later', 'completed', now() + interval '3 days')",
+        )
+        .unwrap();
+        assert_eq!(one::<bool>("SELECT idem_once('past')"), Some(false));
+        assert_eq!(one::<bool>("SELECT idem_once('today')"), Some(false));
+        assert_eq!(one::<String>("SELECT outcome FROM idem_claim('past')").as_deref(), Some("completed"));
+        assert_eq!(one::<bool>("SELECT idem_once('later')"), Some(true));
+    }
+
+    #[pg_test]
+    fn the_caller_gets_its_role_and_search_path_back() {
+        Spi::run("CREATE ROLE idem_unit_consumer IN ROLE idempotency_consumer").unwrap();
+        Spi::run("CREATE SCHEMA idem_unit_elsewhere").unwrap();
+        Spi::run("SET LOCAL search_path = idem_unit_elsewhere, public").unwrap();
+        Spi::run("SET LOCAL ROLE idem_unit_consumer").unwrap();
+        let schemas = "SELECT current_schemas(true)::text";
+        let before = one::<String>(schemas);
+        // Works without any privilege on the storage, and after a success or an ERROR caught
+        // in a subtransaction the caller is still itself, with its own search path.
+        assert_eq!(one::<bool>("SELECT public.idem_once('role-1')"), Some(true));
+        assert_eq!(one::<String>("SELECT current_user::text").as_deref(), Some("idem_unit_consumer"));
+        assert_eq!(one::<String>(schemas), before);
+        Spi::run(
+            "DO $$ BEGIN PERFORM public.idem_complete('never-claimed');
+                  EXCEPTION WHEN no_data_found THEN NULL; END $$",
+        )
+        .unwrap();
+        assert_eq!(one::<String>("SELECT current_user::text").as_deref(), Some("idem_unit_consumer"));
+        assert_eq!(one::<String>(schemas), before);
+        Spi::run("RESET ROLE").unwrap();
+    }
 }
