@@ -138,13 +138,21 @@ pub fn ensure_covered(conn: &Conn, ts: pg_sys::TimestampTz) {
 }
 
 /// Where a row created at `ts` goes: the partition this backend knows holds `ts`, so that the
-/// insert skips tuple routing; else the record table, which routes it.
-pub fn insert_target(ts: pg_sys::TimestampTz) -> pg_sys::Oid {
-    let c = COVERED.with(|c| c.get());
-    if c.from <= ts && ts < c.to && c.partition != pg_sys::InvalidOid {
-        c.partition
-    } else {
-        super::probe::records_oid()
+/// insert skips tuple routing; else the record table, which routes it. The partition is locked
+/// for the insert first, so that a maintenance round (one aging data with a future `as_of`)
+/// cannot drop it between here and the insert; if one dropped it meanwhile, the lock's
+/// invalidations make us look again.
+pub fn insert_target(conn: &Conn, ts: pg_sys::TimestampTz) -> pg_sys::Oid {
+    loop {
+        let c = COVERED.with(|c| c.get());
+        if !(c.from <= ts && ts < c.to && c.partition != pg_sys::InvalidOid) {
+            return super::probe::records_oid();
+        }
+        unsafe { pg_sys::LockRelationOid(c.partition, pg_sys::RowExclusiveLock as i32) };
+        if COVERED.with(|now| now.get().partition) == c.partition {
+            return c.partition;
+        }
+        ensure_covered(conn, ts);
     }
 }
 

@@ -227,8 +227,8 @@ fn lookup_many(_conn: &Conn, scope: &str, keys: &[&str]) -> HashMap<String, Reco
 }
 
 /// Where this transaction's new records go (they get `created_at = now()`).
-fn new_rows_go() -> pg_sys::Oid {
-    partitions::insert_target(unsafe { pg_sys::GetCurrentTransactionStartTimestamp() })
+fn new_rows_go(conn: &Conn) -> pg_sys::Oid {
+    partitions::insert_target(conn, unsafe { pg_sys::GetCurrentTransactionStartTimestamp() })
 }
 
 /// Locks several keys in a fixed (sorted) order, so two batches never deadlock on each other.
@@ -341,7 +341,7 @@ pub fn claim(k: Key, ttl: Interval, fingerprint: Option<&str>, wait: bool) -> Cl
     }
     let rows = conn.run_on(
         &INSERT_CLAIM,
-        new_rows_go(),
+        new_rows_go(&conn),
         &[arg(k.scope), arg(k.key), arg(fingerprint), arg(ttl)],
         Snap::Statement,
     );
@@ -417,7 +417,7 @@ pub fn claim_batch(scope: &str, keys: &[&str], ttl: Interval) -> Vec<Claim> {
     if !missing.is_empty() {
         let rows = conn.run_on(
             &INSERT_CLAIMS,
-            new_rows_go(),
+            new_rows_go(&conn),
             &[arg(scope), arg(missing.clone()), arg(ttl)],
             Snap::Statement,
         );
@@ -530,7 +530,7 @@ pub fn once(k: Key) -> bool {
         lock.release_if_only_read();
         return false;
     }
-    conn.run_on(&INSERT_ONCE, new_rows_go(), &k.args(), Snap::Statement);
+    conn.run_on(&INSERT_ONCE, new_rows_go(&conn), &k.args(), Snap::Statement);
     true
 }
 
@@ -573,7 +573,7 @@ pub fn once_batch(scope: &str, keys: &[&str]) -> Vec<String> {
     }
     drop(prober);
     if !fresh.is_empty() {
-        conn.run_on(&INSERT_ONCES, new_rows_go(), &[arg(scope), arg(fresh.clone())], Snap::Statement);
+        conn.run_on(&INSERT_ONCES, new_rows_go(&conn), &[arg(scope), arg(fresh.clone())], Snap::Statement);
     }
     let fresh: std::collections::HashSet<&str> = fresh.into_iter().collect();
     let mut emitted = std::collections::HashSet::with_capacity(fresh.len());
