@@ -80,10 +80,15 @@ pub fn records_owner() -> pg_sys::Oid {
     if cached != pg_sys::InvalidOid {
         return cached;
     }
+    // From the syscache: no lock on the table, so an offsets-only call never queues behind DDL.
     let owner = unsafe {
-        let rel = pg_sys::table_open(oid, pg_sys::AccessShareLock as i32);
-        let owner = (*(*rel).rd_rel).relowner;
-        pg_sys::table_close(rel, pg_sys::NoLock as i32);
+        let tuple =
+            pg_sys::SearchSysCache1(pg_sys::SysCacheIdentifier::RELOID as i32, pg_sys::Datum::from(oid));
+        if tuple.is_null() {
+            panic!("idempotency.records does not exist");
+        }
+        let owner = (*pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_class>(tuple)).relowner;
+        pg_sys::ReleaseSysCache(tuple);
         owner
     };
     RECORDS_OWNER.with(|r| r.set(owner));
