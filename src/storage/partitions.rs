@@ -138,22 +138,24 @@ pub fn ensure_covered(conn: &Conn, ts: pg_sys::TimestampTz) {
 }
 
 /// Where a row created at `ts` goes: the partition this backend knows holds `ts`, so that the
-/// insert skips tuple routing; else the record table, which routes it. The partition is locked
-/// for the insert first, so that a maintenance round (one aging data with a future `as_of`)
-/// cannot drop it between here and the insert; if one dropped it meanwhile, the lock's
-/// invalidations make us look again.
+/// insert skips tuple routing; else the record table, which routes it (pg_partman, `none`).
+/// The partition is locked for the insert first, so that no maintenance round (one aging data
+/// with a future `as_of`) drops it between here and the insert. If one dropped it before, the
+/// invalidations that locking (or the lookup before) processed made us forget it: it is made
+/// again, as at the start of the call.
 pub fn insert_target(conn: &Conn, ts: pg_sys::TimestampTz) -> pg_sys::Oid {
-    loop {
+    for _ in 0..10 {
+        ensure_covered(conn, ts);
         let c = COVERED.with(|c| c.get());
         if !(c.from <= ts && ts < c.to && c.partition != pg_sys::InvalidOid) {
-            return super::probe::records_oid();
+            break;
         }
         unsafe { pg_sys::LockRelationOid(c.partition, pg_sys::RowExclusiveLock as i32) };
         if COVERED.with(|now| now.get().partition) == c.partition {
             return c.partition;
         }
-        ensure_covered(conn, ts);
     }
+    super::probe::records_oid()
 }
 
 /// What dropping expired partitions did.

@@ -58,6 +58,12 @@ GUCS = [("idempotency.lease_ttl", ["1", "1ms", "10ms", "1s", "5min", "2147483647
         ("idempotency.max_batch_keys", ["1", "3", "1000", "1000000"])]
 
 
+# Answers worth an example in the notes: internal errors (a Rust panic turned into an ERROR), and
+# check violations (a row with no partition to go to, or a partition created over a default
+# partition's rows).
+EXPLAINED_STATES = ("XX000", "23514")
+
+
 class Gen:
     """Random argument values, as (SQL text with a placeholder or a literal, parameters)."""
 
@@ -255,8 +261,8 @@ class Fuzzer(threading.Thread):
             self.connect()
             return
         self.s.count("sqlstate", state)
-        if state == "XX000":
-            self.s.internal(str(e).splitlines()[0], sql, params)
+        if state in EXPLAINED_STATES:
+            self.s.internal(f"{state}: {str(e).splitlines()[0]}", sql, params)
         if self.conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR and self.rng.random() < 0.7:
             self.conn.execute("ROLLBACK")
 
@@ -343,7 +349,7 @@ def run(install, opts, result):
             "violations": len(result.violations),
         })
         for msg, (n, sql, params) in sorted(suite.internals.items(), key=lambda kv: -kv[1][0]):
-            result.note(f"XX000 x{n}: {msg} -- e.g. {sql} with {params}")
+            result.note(f"x{n} {msg} -- e.g. {sql} with {params}")
         log(f"{total} random calls in {opts.fuzz_seconds}s, {states.get('XX000', 0)} internal errors, "
             f"{len(result.violations)} violations")
     finally:
