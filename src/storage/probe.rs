@@ -54,6 +54,7 @@ unsafe extern "C-unwind" fn forget(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
     }
 }
 
+/// The oid of `idempotency.records`, remembered until its relcache entry is invalidated.
 pub fn records_oid() -> pg_sys::Oid {
     if !CALLBACK_REGISTERED.with(|r| r.replace(true)) {
         unsafe { pg_sys::CacheRegisterRelcacheCallback(Some(forget), pg_sys::Datum::from(0usize)) };
