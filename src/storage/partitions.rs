@@ -16,17 +16,15 @@ use std::cell::Cell;
 thread_local! {
     /// The range of a partition this backend has seen. Forgotten whenever the record table's
     /// relcache entry is invalidated, which any partition created, dropped, attached or detached
-    /// (or rolled back) causes.
-    static COVERED: Cell<Coverage> = const { Cell::new(Coverage { from: 0, to: 0, partition: pg_sys::InvalidOid }) };
-    static RECORDS_OID: Cell<pg_sys::Oid> = const { Cell::new(pg_sys::InvalidOid) };
-    static CALLBACK_REGISTERED: Cell<bool> = const { Cell::new(false) };
+    /// (or rolled back) causes (see `probe::forget`, the one relcache callback).
+    static COVERED: Cell<Coverage> = const { Cell::new(NO_COVERAGE) };
 }
 
-#[pg_guard]
-unsafe extern "C-unwind" fn forget_coverage(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
-    if relid == pg_sys::InvalidOid || relid == RECORDS_OID.with(|r| r.get()) {
-        COVERED.with(|c| c.set(Coverage { from: 0, to: 0, partition: pg_sys::InvalidOid }));
-    }
+const NO_COVERAGE: Coverage = Coverage { from: 0, to: 0, partition: pg_sys::InvalidOid };
+
+/// Called when the record table's relcache entry is invalidated.
+pub fn forget_coverage() {
+    COVERED.with(|c| c.set(NO_COVERAGE));
 }
 
 /// A partition's range `[from, to)`.
@@ -37,11 +35,9 @@ struct Coverage {
     partition: pg_sys::Oid,
 }
 
-fn remember_coverage(range: Coverage, records: pg_sys::Oid) {
-    if !CALLBACK_REGISTERED.with(|r| r.replace(true)) {
-        unsafe { pg_sys::CacheRegisterRelcacheCallback(Some(forget_coverage), pg_sys::Datum::from(0usize)) };
-    }
-    RECORDS_OID.with(|r| r.set(records));
+fn remember_coverage(range: Coverage) {
+    // Makes sure the relcache callback that forgets it is registered.
+    super::probe::records_oid();
     COVERED.with(|c| c.set(range));
 }
 
@@ -63,13 +59,10 @@ SELECT format('CREATE TABLE IF NOT EXISTS idempotency.%I PARTITION OF idempotenc
     args: &[pg_sys::TIMESTAMPTZOID, pg_sys::INTERVALOID, pg_sys::INT4OID],
 };
 
-/// The range of the partition that holds `$1` (if any), the record table's oid, and the partition's.
+/// The partition that holds `$1`, with its range; no row when there is none.
 static COVERAGE: Stmt = Stmt {
-    sql:
-        "SELECT (SELECT range_from FROM idempotency.partitions WHERE range_from <= $1 AND range_to > $1),
-                 (SELECT range_to FROM idempotency.partitions WHERE range_from <= $1 AND range_to > $1),
-                 'idempotency.records'::regclass::oid,
-                 (SELECT partition::oid FROM idempotency.partitions WHERE range_from <= $1 AND range_to > $1)",
+    sql: "SELECT range_from, range_to, partition::oid FROM idempotency.partitions
+           WHERE range_from <= $1 AND range_to > $1",
     args: &[pg_sys::TIMESTAMPTZOID],
 };
 
@@ -117,12 +110,16 @@ pub fn create_missing(conn: &Conn, as_of: pg_sys::TimestampTz) -> i32 {
         conn.execute(statement);
     }
     let rows = conn.run(&COVERAGE, &[ts_arg(as_of)], Snap::Latest);
-    let range = Coverage {
-        from: rows.get_ts(0, 1).unwrap_or(0),
-        to: rows.get_ts(0, 2).unwrap_or(0),
-        partition: rows.get(0, 4).unwrap_or(pg_sys::InvalidOid),
+    let range = if rows.len() == 0 {
+        NO_COVERAGE
+    } else {
+        Coverage {
+            from: rows.get_ts(0, 1).expect("range_from"),
+            to: rows.get_ts(0, 2).expect("range_to"),
+            partition: rows.get(0, 3).expect("partition"),
+        }
     };
-    remember_coverage(range, rows.get(0, 3).expect("oid"));
+    remember_coverage(range);
     ddl.len() as i32
 }
 

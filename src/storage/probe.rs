@@ -41,11 +41,13 @@ thread_local! {
     static CALLBACK_REGISTERED: Cell<bool> = const { Cell::new(false) };
 }
 
-/// Any change to a partition (index rebuilt, column dropped, partition dropped) or to the record
-/// table invalidates its relcache entry; forget what was learned from it.
+/// The backend's one relcache callback. Any change to a partition (index rebuilt, column dropped,
+/// partition dropped) or to the record table invalidates its relcache entry; forget what was
+/// learned from it, here and in `partitions` (the range of the partition holding the present).
 #[pg_guard]
 unsafe extern "C-unwind" fn forget(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
     if relid == pg_sys::InvalidOid || relid == RECORDS_OID.with(|r| r.get()) {
+        super::partitions::forget_coverage();
         RECORDS_OID.with(|r| r.set(pg_sys::InvalidOid));
         RECORDS_OWNER.with(|r| r.set(pg_sys::InvalidOid));
         LAYOUTS.with(|l| l.borrow_mut().clear());
