@@ -51,6 +51,16 @@ def as_postgres(args, **kw):
     return subprocess.run(args, **kw)
 
 
+def close_quietly(conn):
+    """Closes a connection that may already be broken (a killed backend, a restarted server)."""
+    if conn is None:
+        return
+    try:
+        conn.close()
+    except Exception:  # noqa: BLE001 - it is gone either way
+        pass
+
+
 def is_connection_error(e, conn=None):
     """True when an exception means the session is gone (server crash, restart, shutdown)."""
     if conn is not None and getattr(conn, "broken", False):

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import psycopg
 from psycopg.adapt import Dumper
 
-from harness import Cluster, log, table_digest
+from harness import Cluster, close_quietly, log, table_digest
 
 PORT = 54352
 DB = "badinput"
@@ -732,10 +732,7 @@ def _run_case(cluster, sess, case):
             problems.append("the session did not survive")
     except psycopg.Error as e:
         problems.append(f"the session broke: {type(e).__name__}: {e}")
-        try:
-            sess.close()
-        except Exception:  # noqa: BLE001
-            pass
+        close_quietly(sess)
         cluster.wait_ready(DB)
         sess = _session(cluster)
     return sess, problems

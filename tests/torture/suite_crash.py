@@ -18,7 +18,7 @@ import signal
 import threading
 import time
 
-from harness import Cluster, crash_lines, kill9, log, seeded
+from harness import Cluster, close_quietly, crash_lines, kill9, log, seeded
 from workload import BUSINESS_DDL, Run, Settings, build_stream
 
 PORT = 54351
@@ -232,11 +232,7 @@ class Chaos:
             self.cluster.start_again()
         self.count += 1
         self.by_kind[kind] = self.by_kind.get(kind, 0) + 1
-        if self._holder is not None:
-            try:
-                self._holder.close()
-            except Exception:  # noqa: BLE001
-                pass
+        close_quietly(self._holder)
         log(f"chaos: {kind} at {self.run.entries_done()} deliveries")
         self.cluster.wait_ready(DB)
         # The postmaster restarts the launcher after crash recovery (and at startup).

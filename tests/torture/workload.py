@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import psycopg
 
-from harness import Counter, RETRY_SQLSTATES, is_connection_error, sqlstate
+from harness import Counter, RETRY_SQLSTATES, close_quietly, is_connection_error, sqlstate
 
 BUSINESS_DDL = """
 CREATE TABLE IF NOT EXISTS effects (
@@ -220,11 +220,7 @@ class Run:
                     "SELECT key FROM idempotency.records WHERE scope = %s AND status = 'completed'", (self.scope,))}
                 conn.execute("COMMIT")
             except psycopg.Error:
-                if conn is not None:
-                    try:
-                        conn.close()
-                    except Exception:  # noqa: BLE001
-                        pass
+                close_quietly(conn)
                 conn = None
                 continue
             self.counters.add("monitor samples")
@@ -266,11 +262,7 @@ class Run:
                     else:
                         self.violation(f"zombie record_offset: unexpected {sqlstate(e)}: {e}")
             except psycopg.Error:
-                if conn is not None:
-                    try:
-                        conn.close()
-                    except Exception:  # noqa: BLE001
-                        pass
+                close_quietly(conn)
                 conn = None
         if conn is not None:
             conn.close()
@@ -410,11 +402,7 @@ class Consumer(threading.Thread):
             self.run_.fatal.append(f"consumer {self.idx} died: {type(e).__name__}: {e}")
             self._break_barriers()
         finally:
-            if self.conn is not None:
-                try:
-                    self.conn.close()
-                except Exception:  # noqa: BLE001
-                    pass
+            close_quietly(self.conn)
 
     def _break_barriers(self):
         for e in self.log:
@@ -449,12 +437,8 @@ class Consumer(threading.Thread):
 
     def _connect_and_seek(self, first=False):
         """(Re)connects and returns the stored position of this consumer's partition."""
-        if self.conn is not None:
-            try:
-                self.conn.close()
-            except Exception:  # noqa: BLE001
-                pass
-            self.conn = None
+        close_quietly(self.conn)
+        self.conn = None
         deadline = time.monotonic() + 300
         while True:
             try:
