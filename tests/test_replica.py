@@ -83,8 +83,8 @@ class Node:
             f.write("\n".join(lines) + "\n")
 
     def start(self):
+        self.started = True  # before pg_ctl: a start that fails half-way is still stopped
         as_postgres(PG_BIN / "pg_ctl", "-D", self.pgdata, "-l", self.log, "-w", "-t", "60", "start")
-        self.started = True
 
     def stop(self, mode="fast"):
         if self.started:
@@ -365,6 +365,32 @@ def writing_calls(pair):
     ]
 
 
+# The reading functions, which work on a standby (test_standby_reads_what_the_primary_committed).
+READING = {"idem_status", "idem_offsets", "idem_next_offset"}
+
+
+def helper_calls(conn):
+    """(name, SQL) for the PL/pgSQL helpers that maintenance uses. They write too, and must be refused
+    with 25006 as well; their message is PostgreSQL's own (it names the statement, not the function)."""
+    newest, current = conn.execute(
+        "SELECT (SELECT partition::text FROM idempotency.partitions ORDER BY range_from DESC LIMIT 1), "
+        "(SELECT partition::text FROM idempotency.partitions WHERE range_from <= now() AND range_to > now())"
+    ).fetchone()
+    assert newest and current, f"no partitions to pass to the helpers: newest {newest}, current {current}"
+    return [
+        ("idempotency.drop_partition", f"SELECT idempotency.drop_partition('{newest}', 100)"),
+        ("idempotency.index_partition", f"SELECT idempotency.index_partition('{current}')"),
+    ]
+
+
+def extension_functions(conn):
+    return {r[0] for r in conn.execute(
+        "SELECT CASE WHEN n.nspname = 'idempotency' THEN 'idempotency.' ELSE '' END || p.proname "
+        "FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace "
+        "JOIN pg_depend d ON d.classid = 'pg_proc'::regclass AND d.objid = p.oid AND d.deptype = 'e' "
+        "JOIN pg_extension e ON e.oid = d.refobjid AND e.extname = 'idempotency'")}
+
+
 def footprint(conn):
     """What a writing call could change: the seed keys, new keys, offsets, partitions, tokens."""
     keys = ("done", "held", "hb1", "hb2", "failed", "once") + tuple(f"fresh-{i}" for i in range(1, 7))
@@ -377,8 +403,9 @@ def footprint(conn):
     }
 
 
-def check_refused(conn, name, sql, in_transaction):
-    """Run one writing call; return a list of problems (empty when it was refused as it must be)."""
+def check_refused(conn, name, sql, in_transaction, named=True):
+    """Run one writing call; return a list of problems (empty when it was refused as it must be:
+    25006 at once, with the function's name first in the message unless named is false)."""
     problems = []
     if in_transaction:
         conn.execute("BEGIN READ ONLY")
@@ -391,7 +418,7 @@ def check_refused(conn, name, sql, in_transaction):
         if e.sqlstate != "25006":
             problems.append(f"{name}: SQLSTATE {e.sqlstate} ({msg!r}), expected 25006")
         names = (name, name.split(".")[-1])
-        if not msg.startswith(names):
+        if named and not msg.startswith(names):
             problems.append(f"{name}: message {msg!r} does not start with the function's name")
         if "read-only" not in msg:
             problems.append(f"{name}: message {msg!r} does not say read-only")
@@ -415,9 +442,15 @@ def test_standby_refuses_every_writing_function(pair):
         before_s, before_p = footprint(s), footprint(p)
         # (The sequence is not compared across servers: its WAL runs ahead of its value.)
         assert before_s["keys"] == before_p["keys"] and before_s["offsets"] == before_p["offsets"]
+        # Every function of the extension is covered here or by the reading test: a new one must
+        # be added to one of the lists.
+        covered = READING | {n for n, _ in writing_calls(pair)} | {n for n, _ in helper_calls(s)}
+        assert extension_functions(s) == covered
         problems = []
         for name, sql in writing_calls(pair):
             problems += check_refused(s, name, sql, in_transaction=False)
+        for name, sql in helper_calls(s):
+            problems += check_refused(s, name, sql, in_transaction=False, named=False)
         assert not problems, "\n".join(problems)
         assert footprint(s) == before_s
         # The primary did not change either (nothing was forwarded there).
@@ -432,6 +465,8 @@ def test_read_only_transaction_on_the_primary_refuses_every_writing_function(pai
         problems = []
         for name, sql in writing_calls(pair):
             problems += check_refused(p, name, sql, in_transaction=True)
+        for name, sql in helper_calls(p):
+            problems += check_refused(p, name, sql, in_transaction=True, named=False)
         assert not problems, "\n".join(problems)
         assert footprint(p) == before, "a refused call in a read-only transaction wrote something"
         # The same session can still write in a read-write transaction.
