@@ -123,3 +123,29 @@ def run_threads(n, target, timeout):
     alive = [t.name for t in threads if t.is_alive()]
     assert not alive, f"{len(alive)} sessions still running after {timeout}s: {alive[:5]}"
     return results
+
+
+# What a client must never find in an error: traces of the extension's Rust internals (a pgrx
+# backtrace appended to DETAIL, a panic message, a source location). Matched case-insensitively.
+RUST_INTERNALS = ("pgrx", "panic", "backtrace", ".rs:", "rust_begin_unwind", "core::", "std::")
+DIAG_FIELDS = ("message_primary", "message_detail", "message_hint", "context")
+
+
+def rust_internals(e):
+    """Problems with a psycopg error as a client sees it: every field of e.diag that contains Rust
+    internals, and SQLSTATE XX000 (an internal error). An empty list when the error is clean."""
+    found = []
+    diag = getattr(e, "diag", None)
+    for name in DIAG_FIELDS:
+        value = getattr(diag, name, None) if diag is not None else None
+        if not value:
+            continue
+        low = value.lower()
+        hits = [m for m in RUST_INTERNALS if m in low]
+        if hits:
+            at = low.index(hits[0])
+            excerpt = value[max(0, at - 40):at + 60].replace("\n", "\\n")
+            found.append(f"{name} contains {', '.join(repr(h) for h in hits)}: ...{excerpt}...")
+    if getattr(e, "sqlstate", None) == "XX000":
+        found.append(f"SQLSTATE XX000 (internal error): {getattr(diag, 'message_primary', None)!r}")
+    return found

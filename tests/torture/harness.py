@@ -24,6 +24,7 @@ import random
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -31,6 +32,9 @@ from dataclasses import dataclass, field
 import psycopg
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests"))
+from idemlib import RUST_INTERNALS, rust_internals  # noqa: E402,F401 - one list for every suite and test
+
 SYSTEM_BIN = pathlib.Path("/usr/lib/postgresql/15/bin")
 SYSTEM_LIB = pathlib.Path("/usr/lib/postgresql/15/lib")
 SYSTEM_SHARE = pathlib.Path("/usr/share/postgresql/15")
@@ -38,6 +42,11 @@ SNAPSHOT = pathlib.Path("/tmp/idem-torture-inst")
 EXT_FILES_LIB = ("idempotency.so",)
 
 RETRY_SQLSTATES = ("40001", "40P01")
+
+# The environment every torture server runs with. RUST_BACKTRACE=1 makes pgrx append a Rust backtrace
+# to the DETAIL of an error that crossed the extension's frames, if the extension lets it: the suites
+# check that no error a client sees carries one (rust_internals), which they can only catch with it set.
+SERVER_ENV = {"RUST_BACKTRACE": "1"}
 
 
 def log(msg):
@@ -188,7 +197,9 @@ class Cluster:
         self.conf = [*BASE_CONF, *conf]
 
     def _env(self):
-        return dict(os.environ, IDEM_PORT=str(self.port), IDEM_SOCKDIR=self.sockdir, IDEM_PGDATA=self.pgdata)
+        # scripts/cluster hands SERVER_ENV on to pg_ctl through sudo (scripts/lib.sh, as_postgres).
+        return dict(os.environ, IDEM_PORT=str(self.port), IDEM_SOCKDIR=self.sockdir, IDEM_PGDATA=self.pgdata,
+                    **SERVER_ENV)
 
     def start(self):
         if self.install.snapshot:
@@ -209,11 +220,27 @@ class Cluster:
                            stderr=subprocess.DEVNULL)
         with _RUNNING_LOCK:
             _RUNNING.append(self)
+        self.check_server_env()
+
+    def check_server_env(self):
+        """The postmaster (and so every backend) runs with SERVER_ENV, or the suites' checks for Rust
+        internals in errors could not fail."""
+        pid = self.postmaster_pid()
+        try:
+            env = dict(kv.split("=", 1) for kv in pathlib.Path(f"/proc/{pid}/environ").read_text(
+                errors="replace").split("\0") if "=" in kv)
+        except OSError as e:
+            raise RuntimeError(f"cannot read the environment of the postmaster {pid}: {e}") from e
+        missing = {k: v for k, v in SERVER_ENV.items() if env.get(k) != v}
+        if missing:
+            raise RuntimeError(f"the server on port {self.port} runs without {missing} in its environment")
 
     def _pg_ctl(self, *args, check=True, quiet=False):
         out = subprocess.DEVNULL if quiet else subprocess.PIPE
-        r = as_postgres([str(self.install.bin / "pg_ctl"), "-D", self.pgdata, *args], stdout=out, stderr=out,
-                        text=True)
+        # sudo resets the environment: hand SERVER_ENV to pg_ctl (and so to the server) explicitly.
+        env = [f"{k}={v}" for k, v in SERVER_ENV.items()]
+        r = as_postgres(["env", *env, str(self.install.bin / "pg_ctl"), "-D", self.pgdata, *args], stdout=out,
+                        stderr=out, text=True)
         if check and r.returncode != 0:
             raise RuntimeError(f"pg_ctl {' '.join(args)} failed: {r.stdout} {r.stderr}")
         return r
@@ -232,6 +259,7 @@ class Cluster:
     def start_again(self):
         """Starts the existing data directory again (crash recovery after an immediate stop)."""
         self._pg_ctl("start", "-l", str(self.logfile), "-w", "-t", "300")
+        self.check_server_env()
 
     def connect(self, dbname="postgres", user="postgres", autocommit=True, timeout_ms=60000, **kw):
         return psycopg.connect(host=self.sockdir, port=self.port, user=user, dbname=dbname, autocommit=autocommit,

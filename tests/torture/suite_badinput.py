@@ -9,6 +9,12 @@ transaction, wrong types and arity, prepared statements, cursors, exception hand
   not the extension's);
 * a hostile value that is valid input (quotes, SQL fragments, format specifiers, 512-byte keys,
   non-control Unicode...) must be accepted and stored byte for byte;
+* a writing function in a read-only transaction fails at once with 25006 and the message
+  "<function> cannot run in a read-only transaction", whatever its arguments and state;
+* every error a call raises reaches the client clean: SQLSTATE not XX000 (internal error), and no
+  field (message, detail, hint, context) contains Rust internals ("pgrx", "panic", "backtrace",
+  ".rs:", "rust_begin_unwind", "core::", "std::"); the server runs with RUST_BACKTRACE=1, so a
+  pgrx backtrace appended to DETAIL would show;
 * after every call: no advisory lock of the extension survives the rolled-back subtransaction, the
   session answers SELECT 1 after ROLLBACK, pg_postmaster_start_time() is unchanged, and the row counts
   and digests of idempotency.records and idempotency.offsets (and the partition list) are unchanged.
@@ -21,7 +27,7 @@ from dataclasses import dataclass, field
 import psycopg
 from psycopg.adapt import Dumper
 
-from harness import Cluster, close_quietly, log, table_digest
+from harness import Cluster, close_quietly, log, rust_internals, table_digest
 
 PORT = 54352
 DB = "badinput"
@@ -67,6 +73,7 @@ class Case:
     pg_rejects: bool = False             # the error must come from PostgreSQL, not the extension
     setting: tuple = None                # (guc, value) SET LOCAL before the call (as the role, if any)
     begin: str = "BEGIN"
+    read_only_message: bool = False      # a 25006 must say "<fn> cannot run in a read-only transaction"
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -529,11 +536,10 @@ class Builder:
                 args, prelude = base, pre
                 expect = plain
                 if "READ ONLY" in begin and allowed and writes:
+                    # Every writing function refuses a read-only transaction at once, before looking
+                    # at its arguments or its state (even with nothing to create or drop, even without
+                    # pg_partman), naming itself.
                     expect = "25006"
-                    if fn in ("idem_maintenance", "idempotency.premake_partitions"):
-                        expect = (OK, "25006")  # nothing to create or drop: nothing to write
-                    if fn == "idem_partman_handover":
-                        expect = "55000"
                 if "READ ONLY" in begin and fn == "idem_complete_batch":
                     # no claim possible in a read-only transaction: complete another's key by token
                     args, prelude = {**base, "keys": ["bi-pending"], "payloads": None,
@@ -545,7 +551,8 @@ class Builder:
                 who = {None: "superuser", CONSUMER: "consumer role", OUTSIDER: "role without idempotency_consumer"}[role]
                 sql, params = self.call(fn, args)
                 self.cases.append(Case(fn, f"context: {label}, {who}", sql, params, expect, prelude + extra, [],
-                                       role=role, context=context, setting=setting, begin=begin))
+                                       role=role, context=context, setting=setting, begin=begin,
+                                       read_only_message=expect == "25006"))
         # Wrong arity and types: PostgreSQL finds no such function.
         sql, params = self.call(fn, base)
         self.cases.append(Case(fn, "context: unknown named argument", sql[:-1] + (", " if base else "") + "nonsense => 1)", params, "42883", pre))
@@ -594,7 +601,12 @@ def setup(conn):
     return st
 
 
+# Errors of this run whose fields were checked for Rust internals, and those that had some.
+ERRORS = {"inspected": 0, "unclean": 0}
+
+
 def run(install, opts, result):
+    ERRORS.update(inspected=0, unclean=0)
     cluster = Cluster(install, PORT, conf=["track_functions = 'all'"])
     cluster.start()
     try:
@@ -636,6 +648,8 @@ def run(install, opts, result):
             "valid hostile values accepted and verified": sum(1 for c in cases if c.expect == OK),
             "rejected by PostgreSQL before the call (22021 invalid UTF-8, 54000 NUL, type errors)": pg_rejected,
             "sequence checks": 2,
+            "errors inspected for Rust internals and XX000": ERRORS["inspected"],
+            "errors with Rust internals or XX000 (violations)": ERRORS["unclean"],
             "violations": len(failures),
         })
         log(f"{len(cases)} hostile calls to {len(per_fn)} functions, {len(failures)} violations")
@@ -703,9 +717,15 @@ def _run_case(cluster, sess, case):
             _call(sess, case)
             outcome = OK
         except psycopg.Error as e:
-            outcome, message = e.sqlstate or "connection", (str(e).splitlines() or [""])[0]
+            outcome = e.sqlstate or "connection"
+            message = e.diag.message_primary or (str(e).splitlines() or [""])[0]
             if sess.broken:
                 raise
+            unclean = rust_internals(e)
+            ERRORS["inspected"] += 1
+            ERRORS["unclean"] += bool(unclean)
+            for p in unclean:
+                problems.append(f"error {outcome} not clean: {p}")
         expect = case.expect if isinstance(case.expect, tuple) else (case.expect,)
         if outcome not in expect:
             problems.append(f"expected {'/'.join(expect)}, got {outcome}" + (f": {message}" if message else ""))
@@ -716,6 +736,10 @@ def _run_case(cluster, sess, case):
                 got = sess.execute(sql, params).fetchone()
                 if got != tuple(want):
                     problems.append(f"accepted, but verification {sql!r} gave {got}, expected {tuple(want)}")
+        if outcome == "25006" and case.read_only_message and not (
+                message.startswith(case.fn) and message.endswith("cannot run in a read-only transaction")):
+            problems.append(f"25006 without the function's own message "
+                            f"('{case.fn} cannot run in a read-only transaction'): {message!r}")
         if outcome != OK and case.pg_rejects and message.startswith("idempotency:"):
             problems.append(f"expected PostgreSQL to reject the value before the call, but the extension did: {message}")
         if outcome != OK and case.context != "aborted":
@@ -741,6 +765,12 @@ def _run_case(cluster, sess, case):
 def _sequences(cluster):
     """Hostile sequences of valid calls, in a database of their own (they commit)."""
     problems = []
+
+    def unclean(what, e):
+        found = rust_internals(e)
+        ERRORS["inspected"] += 1
+        ERRORS["unclean"] += bool(found)
+        return [f"sequence [{what}]: error {e.sqlstate} not clean: {p}" for p in found]
     cluster.create_db(SEQ_DB)
     with cluster.connect(SEQ_DB) as c:
         # Aging the data with a future as_of, then premaking that future again in the same session:
@@ -754,10 +784,12 @@ def _sequences(cluster):
         except psycopg.Error as e:
             problems.append(f"sequence [claim after idem_maintenance(now()+30 days) and premake_partitions(now()+30 days) "
                             f"in the same session]: expected claimed, got {e.sqlstate}: {str(e).splitlines()[0]}")
+            problems += unclean("claim after aging", e)
     with cluster.connect(SEQ_DB) as c:
         # The same claim from a fresh session works: the partition is missing only for the first one.
         try:
             c.execute("SELECT outcome FROM idem_claim('fresh-session')").fetchone()
         except psycopg.Error as e:
             problems.append(f"sequence [claim from a fresh session]: {e.sqlstate}: {e}")
+            problems += unclean("claim from a fresh session", e)
     return problems

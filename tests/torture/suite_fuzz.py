@@ -9,8 +9,13 @@ commits and rollbacks) with random settings of the idempotency.* GUCs. The maint
 round every second meanwhile.
 
 Violations: a session that loses its connection (a backend crash), a server log line with PANIC, TRAP,
-"terminated by signal" or "server process ... was terminated", a postmaster start time that changed.
-Internal errors (XX000: a Rust panic turned into an ERROR) and timeouts are counted and listed as notes.
+"terminated by signal" or "server process ... was terminated", a postmaster start time that changed, an
+internal error (XX000: a Rust panic turned into an ERROR), and any error whose fields (message, detail,
+hint, context) contain Rust internals ("pgrx", "panic", "backtrace", ".rs:", "rust_begin_unwind",
+"core::", "std::"): the server runs with RUST_BACKTRACE=1, so a pgrx backtrace appended to the DETAIL
+of an error that crossed the extension (a timeout, a lock timeout, a serialization failure raised by
+PostgreSQL inside a call) would show. Unclean errors are reported once per kind, with a count and an
+example. Check violations (23514) and timeouts are counted; 23514 and XX000 are listed as notes.
 """
 import json
 import threading
@@ -18,7 +23,7 @@ import time
 
 import psycopg
 
-from harness import Cluster, crash_lines, log, seeded
+from harness import Cluster, crash_lines, log, rust_internals, seeded
 
 PORT = 54355
 DB = "fuzz"
@@ -261,6 +266,12 @@ class Fuzzer(threading.Thread):
             self.connect()
             return
         self.s.count("sqlstate", state)
+        self.s.count("inspected", state)
+        problems = rust_internals(e)
+        if problems:
+            self.s.count("unclean", state)
+        for problem in problems:
+            self.s.unclean(state, problem, sql, params)
         if state in EXPLAINED_STATES:
             self.s.internal(f"{state}: {str(e).splitlines()[0]}", sql, params)
         if self.conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR and self.rng.random() < 0.7:
@@ -283,6 +294,7 @@ class Suite:
         self.counts = {}
         self.violations = []
         self.internals = {}
+        self.unclean_errors = {}  # (SQLSTATE, field and markers) -> [count, example sql, example params, problem]
 
     def count(self, kind, what):
         with self.lock:
@@ -292,6 +304,12 @@ class Suite:
     def violation(self, text):
         with self.lock:
             self.violations.append(text)
+
+    def unclean(self, state, problem, sql, params):
+        kind = (state, problem.split(":", 1)[0])
+        with self.lock:
+            entry = self.unclean_errors.setdefault(kind, [0, sql, _short(params), problem])
+            entry[0] += 1
 
     def internal(self, message, sql, params):
         with self.lock:
@@ -332,6 +350,8 @@ def run(install, opts, result):
         crashes = crash_lines(cluster.log_since(log_offset))
         for line in crashes[:20]:
             suite.violation(f"server log: {line.strip()}")
+        for (state, _kind), (n, sql, params, problem) in sorted(suite.unclean_errors.items(), key=lambda kv: -kv[1][0]):
+            suite.violation(f"x{n} errors {state} not clean: {problem} -- e.g. {sql} with {params}")
         for v in suite.violations:
             result.violation(v)
         calls = suite.counts.get("calls", {})
@@ -344,6 +364,8 @@ def run(install, opts, result):
             "calls per function": ", ".join(f"{k} {v}" for k, v in sorted(calls.items())),
             "answers": ", ".join(f"{k} {v}" for k, v in sorted(states.items(), key=lambda kv: -kv[1])),
             "internal errors (XX000)": states.get("XX000", 0),
+            "errors inspected for Rust internals": sum(suite.counts.get("inspected", {}).values()),
+            "errors with Rust internals or XX000": sum(suite.counts.get("unclean", {}).values()),
             "backend crashes": sum(1 for v in suite.violations if "lost its connection" in v),
             "crash lines in the server log": len(crashes),
             "violations": len(result.violations),
