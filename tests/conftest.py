@@ -46,6 +46,7 @@ class Cluster:
     host = SOCKDIR
     port = PORT
     dbname = DBNAME
+    pgdata = PGDATA
 
     def connect(self, dbname=None, statement_timeout_ms=60000, autocommit=True):
         # Autocommit at the driver level: the tests send BEGIN / COMMIT / ROLLBACK themselves, so
@@ -60,8 +61,14 @@ class Cluster:
         )
 
 
+# The server's environment. With RUST_BACKTRACE=1, pgrx appends a Rust backtrace to the DETAIL of an
+# error that crossed the extension's frames unless the extension prevents it; tests/test_errors.py
+# checks that no client ever sees one, which it can only catch with the variable set.
+SERVER_ENV = {"RUST_BACKTRACE": "1"}
+
+
 def _cluster_env():
-    return dict(os.environ, IDEM_PORT=str(PORT), IDEM_SOCKDIR=SOCKDIR, IDEM_PGDATA=PGDATA)
+    return dict(os.environ, IDEM_PORT=str(PORT), IDEM_SOCKDIR=SOCKDIR, IDEM_PGDATA=PGDATA, **SERVER_ENV)
 
 
 @pytest.fixture(scope="session")
