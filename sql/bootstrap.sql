@@ -12,6 +12,9 @@ CREATE SEQUENCE idempotency.token_seq AS bigint CACHE 1;
 -- would re-read and compile them for each insert (a quarter of idem_once's CPU, measured).
 -- (scope, key) is unique across partitions by the per-key lock every writer takes first;
 -- a partitioned table cannot carry that unique index itself.
+-- No index on this parent either: each partition gets its own (idempotency.index_partition).
+-- A partitioned index would make every restored partition's index collide with the one that
+-- ATTACH PARTITION creates, and no restore could run without errors.
 CREATE TABLE idempotency.records (
     scope       text COLLATE "C" NOT NULL,
     key         text COLLATE "C" NOT NULL,
@@ -26,7 +29,27 @@ CREATE TABLE idempotency.records (
     expires_at  timestamptz
 ) PARTITION BY RANGE (created_at);
 
-CREATE INDEX records_scope_key_idx ON idempotency.records (scope, key);
+
+-- The indexes every partition of the record table carries: (scope, key) for lookups, expires_at for
+-- the reclaim sweep of maintenance (settled records have expires_at NULL; a partial index on pending
+-- rows would cost the same per insert, its predicate being compiled per statement). Named after the
+-- partition, as PostgreSQL would name them. Called for each partition the extension creates, for
+-- pg_partman's template table at the handover, and by a DBA for a partition attached by hand.
+CREATE FUNCTION idempotency.index_partition(part regclass) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    rel name;
+    nsp name;
+BEGIN
+    SELECT c.relname, n.nspname INTO rel, nsp
+      FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+     WHERE c.oid = part;
+    EXECUTE format('CREATE INDEX IF NOT EXISTS %I ON %I.%I (scope, key)', rel || '_scope_key_idx', nsp, rel);
+    EXECUTE format('CREATE INDEX IF NOT EXISTS %I ON %I.%I (expires_at)', rel || '_expires_at_idx', nsp, rel);
+END
+$$;
+COMMENT ON FUNCTION idempotency.index_partition(regclass) IS
+'Creates the (scope, key) and (expires_at) indexes a partition of idempotency.records needs, unless they exist. For partitions attached by hand.';
 
 COMMENT ON SCHEMA idempotency IS 'Storage of the idempotency extension; use the idem_* functions, not these tables.';
 COMMENT ON TABLE idempotency.records IS 'Idempotency records, one per (scope, key), range-partitioned by created_at.';
@@ -46,9 +69,6 @@ CREATE TABLE idempotency.offsets (
 
 COMMENT ON TABLE idempotency.offsets IS 'Consumer positions: next offset to read per (consumer_group, topic, partition).';
 
--- Lease ends, for the reclaim sweep of maintenance. Settled records have expires_at NULL. (A partial
--- index on pending rows would cost the same per insert: its predicate is compiled per statement.)
-CREATE INDEX records_expires_idx ON idempotency.records (expires_at);
 
 -- Every partition of the record table with its range, what it holds, and when retention drops it.
 -- (pg_partman's default partition, if any, has no range.)

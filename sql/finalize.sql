@@ -75,18 +75,10 @@ COMMENT ON FUNCTION idem_partman_handover() IS
 COMMENT ON FUNCTION idempotency.premake_partitions(timestamptz) IS
 'Creates the missing partitions of idempotency.records from as_of to idempotency.premake intervals ahead; returns how many.';
 
--- The first partitions. They must not be members of the extension: members cannot be dropped by
--- retention, and pg_dump would skip their rows.
-SELECT idempotency.premake_partitions(now());
-DO $$
-DECLARE
-    p regclass;
-BEGIN
-    FOR p IN SELECT partition FROM idempotency.partitions LOOP
-        EXECUTE format('ALTER EXTENSION idempotency DROP TABLE %s', p);
-    END LOOP;
-END
-$$;
+-- No partition is made here. A dump restored into this database brings its own partitions, and any
+-- made now would collide with them (CREATE EXTENSION cannot tell a restore from a new install: it
+-- runs its script with check_function_bodies off either way). The first writing call, or the
+-- first maintenance round (SELECT * FROM idem_maintenance()), makes them.
 
 -- pg_dump keeps the rows of these member tables and the token sequence's position.
 SELECT pg_catalog.pg_extension_config_dump('idempotency.offsets', '');

@@ -1,4 +1,8 @@
 //! Every error the API raises, with its SQLSTATE. The README's SQLSTATE table documents these.
+//!
+//! PostgreSQL's own errors (timeouts, cancel, serialization, disk full) raised inside our calls
+//! reach the client as PostgreSQL raised them: pgrx turns them into a Rust unwind and raises them
+//! again with their SQLSTATE, message, detail and hint. See [`init`] for the one thing we change.
 use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::prelude::*;
 use pgrx::PgSqlErrorCode as Code;
@@ -10,6 +14,42 @@ fn raise(code: Code, message: String, hint: Option<&str>) -> ! {
     }
     report.report(PgLogLevel::ERROR);
     unreachable!("ERROR does not return")
+}
+
+/// Replaces pgrx's panic hook, which records a Rust backtrace at every unwind (PostgreSQL's own
+/// errors travel through our frames as unwinds) that pgrx then appends to the error's DETAIL
+/// whenever `RUST_BACKTRACE` is set in the server's environment. A client must see PostgreSQL's
+/// error as PostgreSQL raised it, never our internal frames. The hook stays silent: a bug of ours
+/// still becomes an ERROR (SQLSTATE XX000) with its message, just without the frames.
+pub fn init() {
+    std::panic::set_hook(Box::new(|_| {}));
+}
+
+/// 25006: a writing function called in a read-only transaction or on a hot standby. Checked before
+/// anything is done, so the message names the function the user called rather than our statement.
+pub fn read_only(function: &str) -> ! {
+    // SAFETY: a plain read of the backend's recovery state, no side effects.
+    let standby = unsafe { pg_sys::RecoveryInProgress() };
+    let hint = if standby {
+        "This server is a hot standby: call it on the primary."
+    } else {
+        "Call it in a read-write transaction."
+    };
+    raise(
+        Code::ERRCODE_READ_ONLY_SQL_TRANSACTION,
+        format!("{function} cannot run in a read-only transaction"),
+        Some(hint),
+    )
+}
+
+/// 55000: a partition of the record table without the `(scope, key)` index lookups need
+/// (one a DBA attached by hand, say).
+pub fn partition_not_indexed(partition: &str) -> ! {
+    raise(
+        Code::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        format!("idempotency: partition {partition} of idempotency.records has no btree index on (scope, key)"),
+        Some(&format!("SELECT idempotency.index_partition('idempotency.{partition}'); creates the indexes every partition needs.")),
+    )
 }
 
 /// 22004: a required argument is NULL.

@@ -24,6 +24,7 @@ pgrx::extension_sql_file!("../sql/finalize.sql", name = "finalize", finalize);
 
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
+    errors::init();
     gucs::init();
     worker::register();
 }

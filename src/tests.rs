@@ -76,6 +76,9 @@ mod tests {
 
     #[pg_test]
     fn partitions_cover_now_with_pg_partman_names() {
+        // CREATE EXTENSION makes none (a restored dump brings its own); the first round does.
+        assert_eq!(one::<i64>("SELECT count(*) FROM idempotency.partitions"), Some(0));
+        assert_eq!(one::<i32>("SELECT partitions_created FROM idem_maintenance()"), Some(5));
         let name = one::<String>(
             "SELECT c.relname::text FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
               WHERE i.inhparent = 'idempotency.records'::regclass ORDER BY c.relname LIMIT 1",

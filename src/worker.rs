@@ -32,6 +32,9 @@ pub fn register() {
 #[no_mangle]
 pub extern "C-unwind" fn idem_launcher_main(_arg: pg_sys::Datum) {
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
+    // Connected to no database (as PostgreSQL's logical replication launcher is), only so that it
+    // shows in pg_stat_activity, where a DBA looks first. It never opens a transaction.
+    BackgroundWorker::connect_worker_to_spi(None, None);
     log!(
         "idempotency launcher started: maintaining {:?} every {:?}",
         gucs::databases(),
@@ -86,6 +89,20 @@ pub extern "C-unwind" fn idem_maintenance_main(_arg: pg_sys::Datum) {
         if installed != Ok(Some(true)) {
             return None;
         }
+        // Left alone: a database whose record table has no partition yet (its first claim or a
+        // manual round makes them), and one with a table in our schema not attached to the record
+        // table, which is what a restore looks like until it attached its partitions. Partitions
+        // made meanwhile would collide with those the dump brings (or their indexes with the
+        // dump's).
+        let ready = Spi::get_one::<bool>(
+            "SELECT EXISTS (SELECT FROM pg_catalog.pg_inherits WHERE inhparent = 'idempotency.records'::regclass)
+                AND NOT EXISTS (SELECT FROM pg_catalog.pg_class
+                                 WHERE relnamespace = 'idempotency'::regnamespace AND relkind = 'r'
+                                   AND NOT relispartition AND relname LIKE 'records%')",
+        );
+        if ready != Ok(Some(true)) {
+            return None;
+        }
         maintenance::round(unsafe { pg_sys::GetCurrentTransactionStartTimestamp() }, false)
     });
     match round {
@@ -97,6 +114,8 @@ pub extern "C-unwind" fn idem_maintenance_main(_arg: pg_sys::Datum) {
             r.reclaimed
         ),
         Some(_) => debug1!("idempotency maintenance of {db:?}: nothing to do"),
-        None => debug1!("idempotency maintenance of {db:?}: skipped (extension not installed, or a round is running)"),
+        None => debug1!(
+            "idempotency maintenance of {db:?}: skipped (extension not installed, no partition yet, a restore under way, or a round is running)"
+        ),
     }
 }

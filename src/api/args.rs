@@ -26,6 +26,15 @@ pub fn key<'a>(key: Option<&'a str>, scope: Option<&'a str>) -> Key<'a> {
     Key { key: ident("key", key), scope: ident("scope", scope) }
 }
 
+/// Writing functions refuse a read-only transaction (every transaction of a hot standby is one)
+/// before anything else, with their own name in the message.
+pub fn writable(function: &str) {
+    // SAFETY: reads a backend global that PostgreSQL sets when the transaction starts.
+    if unsafe { pgrx::pg_sys::XactReadOnly } {
+        errors::read_only(function);
+    }
+}
+
 pub fn required<T>(name: &str, value: Option<T>) -> T {
     value.unwrap_or_else(|| errors::null_argument(name))
 }

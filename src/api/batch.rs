@@ -42,6 +42,7 @@ fn idem_claim_batch(
         name!(expires_at, Option<TimestampWithTimeZone>),
     ),
 > {
+    args::writable("idem_claim_batch");
     let owned = keys;
     let keys = self::keys(&owned);
     let scope = args::ident("scope", scope);
@@ -65,6 +66,7 @@ fn idem_complete_batch(
     scope: default!(Option<&str>, "'default'"),
     tokens: default!(Option<Vec<Option<i64>>>, "NULL"),
 ) -> i32 {
+    args::writable("idem_complete_batch");
     let owned = keys;
     let keys = self::keys(&owned);
     let scope = args::ident("scope", scope);
@@ -94,6 +96,7 @@ fn idem_once_batch(
     keys: Option<Vec<Option<String>>>,
     scope: default!(Option<&str>, "'default'"),
 ) -> SetOfIterator<'static, String> {
+    args::writable("idem_once_batch");
     let owned = keys;
     let keys = self::keys(&owned);
     let scope = args::ident("scope", scope);

@@ -32,6 +32,7 @@ fn idem_claim(
         name!(expires_at, Option<Ts>),
     ),
 > {
+    args::writable("idem_claim");
     let k = args::key(key, scope);
     let ttl = args::ttl(ttl);
     let fingerprint = args::fingerprint(fingerprint);
@@ -53,6 +54,7 @@ fn idem_complete(
     scope: default!(Option<&str>, "'default'"),
     token: default!(Option<i64>, "NULL"),
 ) {
+    args::writable("idem_complete");
     let k = args::key(key, scope);
     let payload = args::document("payload", payload);
     let token = args::token(token);
@@ -67,6 +69,7 @@ fn idem_fail(
     scope: default!(Option<&str>, "'default'"),
     token: default!(Option<i64>, "NULL"),
 ) -> String {
+    args::writable("idem_fail");
     let k = args::key(key, scope);
     let error = args::document("error", error);
     let retryable = args::required("retryable", retryable);
@@ -81,6 +84,7 @@ fn idem_heartbeat(
     scope: default!(Option<&str>, "'default'"),
     token: default!(Option<i64>, "NULL"),
 ) -> Ts {
+    args::writable("idem_heartbeat");
     let k = args::key(key, scope);
     let ttl = args::ttl(ttl);
     let token = args::token(token);
@@ -89,6 +93,7 @@ fn idem_heartbeat(
 
 #[pg_extern(volatile, parallel_unsafe)]
 fn idem_once(key: Option<&str>, scope: default!(Option<&str>, "'default'")) -> bool {
+    args::writable("idem_once");
     records::once(args::key(key, scope))
 }
 

@@ -1,4 +1,5 @@
 //! `idem_maintenance()` and `idem_partman_handover()`: retention from SQL, for DBAs and tests.
+use super::args;
 use crate::errors;
 use crate::gucs::{self, PartitionManager};
 use crate::storage::{maintenance, spi};
@@ -19,6 +20,7 @@ fn idem_maintenance(
         name!(leases_reclaimed, i64),
     ),
 > {
+    args::writable("idem_maintenance");
     let as_of = as_of.unwrap_or_else(|| errors::null_argument("as_of"));
     let r = maintenance::round(as_of.into_inner(), true).expect("waited for the maintenance lock");
     TableIterator::once((r.created, r.dropped, r.deferred, r.reclaimed))
@@ -40,6 +42,7 @@ static FIRST_PARTITION: spi::Stmt =
 /// pg_partman sets and restores search_path itself, and every name below is qualified.)
 #[pg_extern(volatile, parallel_unsafe)]
 fn idem_partman_handover() -> String {
+    args::writable("idem_partman_handover");
     if gucs::partition_manager() != PartitionManager::PgPartman {
         errors::wrong_partition_manager();
     }
@@ -71,6 +74,16 @@ fn idem_partman_handover() -> String {
         premake = gucs::premake(),
         ));
     }
+    // pg_partman copies the template table's indexes to each partition it makes; the partitions
+    // it made already (and its default partition) get them here.
+    conn.execute(&format!(
+        "SELECT idempotency.index_partition(template_table::regclass) FROM {schema}.part_config
+          WHERE parent_table = 'idempotency.records' AND template_table IS NOT NULL"
+    ));
+    conn.execute(
+        "SELECT idempotency.index_partition(relid) FROM pg_catalog.pg_partition_tree('idempotency.records')
+          WHERE isleaf",
+    );
     conn.execute(&format!(
         "UPDATE {schema}.part_config SET retention = {retention}, retention_keep_table = false,
                 infinite_time_partitions = true, premake = {premake}

@@ -31,6 +31,7 @@ fn idem_record_offset(
     processed_offset: Option<i64>,
     generation: default!(Option<i64>, "NULL"),
 ) -> bool {
+    args::writable("idem_record_offset");
     let p = position(consumer_group, topic, partition);
     let processed = args::required("processed_offset", non_negative("processed_offset", processed_offset));
     let generation = non_negative("generation", generation);
@@ -80,6 +81,7 @@ fn idem_reset_offset(
     partition: Option<i32>,
     next_offset: Option<i64>,
 ) {
+    args::writable("idem_reset_offset");
     let p = position(consumer_group, topic, partition);
     let next = args::required("next_offset", non_negative("next_offset", next_offset));
     offsets::reset(p, next);

@@ -10,6 +10,7 @@ mod idempotency {
     #[pg_extern(volatile, parallel_unsafe)]
     #[search_path(pg_catalog, pg_temp)]
     fn premake_partitions(as_of: default!(Option<TimestampWithTimeZone>, "now()")) -> i32 {
+        crate::api::args::writable("idempotency.premake_partitions");
         let as_of = as_of.unwrap_or_else(|| crate::errors::null_argument("as_of"));
         let conn = Conn::open();
         partitions::create_missing(&conn, as_of.into_inner())

@@ -5,8 +5,14 @@
 //! therefore first takes a transaction-scoped advisory lock on a 64-bit hash of it, in a lock
 //! namespace of our own (`objsubid = 18756` in `pg_locks`) so that it never meets the
 //! application's own advisory locks. A hash collision only makes two keys wait for each other.
+//!
+//! The hash is part of the on-disk contract: two builds running side by side (during an upgrade)
+//! must take the same lock for the same key, or both could claim it. So it is PostgreSQL's
+//! `hash_bytes_extended`, whose output PostgreSQL keeps stable (hash partitioning stores it), over
+//! `scope || 0x1f || key` with a fixed seed: the same value as the SQL expression
+//! `hashtextextended(scope || E'\x1f' || key, 18756)`. Keys and scopes cannot contain 0x1f (control
+//! characters are rejected), so the separator keeps ("a", "bc") and ("ab", "c") apart.
 use pgrx::pg_sys;
-use std::hash::{DefaultHasher, Hash, Hasher};
 
 /// `locktag_field4` of our advisory locks ("ID").
 pub const LOCK_NAMESPACE: u16 = 0x4944;
@@ -15,12 +21,24 @@ const PARTITION_LOCK_NAMESPACE: u16 = 0x4945;
 /// `locktag_field4` of the lock held by a maintenance round.
 const MAINTENANCE_LOCK_NAMESPACE: u16 = 0x4946;
 
+// PostgreSQL's `common/hashfn.h`, which pgrx's bindings leave out. It never raises an ERROR.
+extern "C" {
+    fn hash_bytes_extended(k: *const u8, keylen: i32, seed: u64) -> u64;
+}
+
+/// Seed of the key hash; fixed forever (see the module comment).
+const KEY_HASH_SEED: u64 = 18756;
+/// Between scope and key in the hashed bytes.
+const SEPARATOR: u8 = 0x1f;
+
 fn hash_key(scope: &str, key: &str) -> u64 {
-    // DefaultHasher::new() is deterministic within one build, which is all backends here.
-    let mut h = DefaultHasher::new();
-    scope.hash(&mut h);
-    key.hash(&mut h);
-    h.finish()
+    let mut bytes = Vec::with_capacity(scope.len() + 1 + key.len());
+    bytes.extend_from_slice(scope.as_bytes());
+    bytes.push(SEPARATOR);
+    bytes.extend_from_slice(key.as_bytes());
+    // SAFETY: the pointer and length describe `bytes`, which lives across the call; the function
+    // only reads them.
+    unsafe { hash_bytes_extended(bytes.as_ptr(), bytes.len() as i32, KEY_HASH_SEED) }
 }
 
 fn tag(hash: u64, namespace: u16) -> pg_sys::LOCKTAG {

@@ -42,17 +42,20 @@ fn remember_coverage(range: Coverage) {
 }
 
 /// Slots from `$1`'s slot to `$3` intervals ahead that no existing partition overlaps, each as
-/// the DDL that creates it. `$2` is the partition interval.
+/// the DDL that creates it and its indexes. `$2` is the partition interval. The record table has
+/// no index of its own (a partitioned index would make every restored partition's index collide
+/// with the one `ATTACH PARTITION` makes), so each partition gets its own.
 static MISSING_PARTITIONS: Stmt = Stmt {
     sql: r#"
 WITH slots AS (
-    SELECT s AS lo, s + $2 AS hi
+    SELECT s AS lo, s + $2 AS hi,
+           'records_p' || to_char(s AT TIME ZONE 'UTC',
+                                  CASE WHEN $2 >= interval '1 day' THEN 'YYYY_MM_DD' ELSE 'YYYY_MM_DD_HH24MI' END) AS name
       FROM generate_series(date_bin($2, $1, timestamptz '2000-01-01 00:00:00+00'), $1 + $2 * $3, $2) AS s
 )
-SELECT format('CREATE TABLE IF NOT EXISTS idempotency.%I PARTITION OF idempotency.records FOR VALUES FROM (%L) TO (%L)',
-              'records_p' || to_char(s.lo AT TIME ZONE 'UTC',
-                                     CASE WHEN $2 >= interval '1 day' THEN 'YYYY_MM_DD' ELSE 'YYYY_MM_DD_HH24MI' END),
-              s.lo, s.hi)
+SELECT format('CREATE TABLE IF NOT EXISTS idempotency.%I PARTITION OF idempotency.records FOR VALUES FROM (%L) TO (%L);
+               SELECT idempotency.index_partition(%L)',
+              s.name, s.lo, s.hi, 'idempotency.' || quote_ident(s.name))
   FROM slots s
  WHERE NOT EXISTS (SELECT 1 FROM idempotency.partitions p WHERE p.range_from < s.hi AND p.range_to > s.lo)
  ORDER BY s.lo"#,

@@ -132,7 +132,7 @@ unsafe fn layout(part: pg_sys::Relation) -> Layout {
         }
     }
     if index == pg_sys::InvalidOid {
-        panic!("partition {} of idempotency.records has no btree index on (scope, key)", name_of(part));
+        crate::errors::partition_not_indexed(&name_of(part));
     }
     let found = Layout { index, columns };
     LAYOUTS.with(|l| l.borrow_mut().insert(relid, found));

@@ -51,10 +51,18 @@ WHERE name IN ('idempotency.retention', 'idempotency.reclaim_after', 'idempotenc
 ORDER BY name;
 
 -----------------------------------------------------------------------------
--- After CREATE EXTENSION: the current partition and premake (4) more; a round has
--- nothing to do.
+-- After CREATE EXTENSION: no partition (a restored dump brings its own); the
+-- first round makes the current partition and premake (4) more, then has
+-- nothing to do. The record table has no index: each partition has its own.
 -----------------------------------------------------------------------------
+SELECT count(*) AS partitions_after_create FROM idempotency.partitions;
+SELECT count(*) AS parent_indexes FROM pg_index WHERE indrelid = 'idempotency.records'::regclass;
+SELECT * FROM idem_maintenance(now());
 SELECT * FROM partition_days();
+SELECT regexp_replace(pg_get_indexdef(i.indexrelid), 'records_p[0-9_]+', 'records_pDAY', 'g') AS every_partition_has,
+       count(*) AS partitions
+FROM idempotency.partitions p JOIN pg_index i ON i.indrelid = p.partition
+GROUP BY 1 ORDER BY 1;
 SELECT count(*) AS current_partitions FROM idempotency.partitions
 WHERE range_from <= now() AND now() < range_to;
 SELECT bool_and(row_estimate >= 0) AS row_estimate_ok, bool_and(total_bytes >= 0) AS total_bytes_ok,
