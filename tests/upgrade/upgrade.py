@@ -337,11 +337,12 @@ def check_holders(ck, c, before, told):
     ck.check(f"the holders of the {len(holders)} leases in flight heartbeat and complete with their old tokens",
              not problems, problems)
     stale = []
-    for (scope, key), token in list(holders.items())[:4]:
-        for sql in ("SELECT idem_complete(%s, '{}', %s, %s)", "SELECT idem_heartbeat(%s, '1 hour', %s, %s)"):
-            st, res = sql_error(c, sql, (key, scope, token + 1_000_000))
-            if st != "55006":
-                stale.append(f"{sql % (repr(key), repr(scope), token + 1_000_000)}: {st} {res}")
+    with c.transaction(force_rollback=True):
+        for (scope, key), token in list(holders.items())[:4]:
+            for sql in ("SELECT idem_complete(%s, '{}', %s, %s)", "SELECT idem_heartbeat(%s, '1 hour', %s, %s)"):
+                st, res = sql_error(c, sql, (key, scope, token + 1_000_000))
+                if st != "55006":
+                    stale.append(f"{sql % (repr(key), repr(scope), token + 1_000_000)}: {st} {res}")
     ck.check("a token that is not the holder's is fenced (55006)", not stale, stale)
 
 
