@@ -83,6 +83,7 @@ def cluster():
         with c.connect() as conn:
             try:
                 conn.execute("CREATE EXTENSION idempotency")
+                conn.execute("SELECT FROM idem_maintenance()")  # the first partitions
             except psycopg.Error as e:
                 pytest.fail(f"CREATE EXTENSION idempotency failed ({e.sqlstate}): {e}. "
                             "Is the extension built and installed (scripts/build)?")

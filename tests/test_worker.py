@@ -52,13 +52,10 @@ def wait_for(what, predicate, timeout=20.0):
     pytest.fail(f"timed out after {timeout}s waiting for: {what}")
 
 
-def launcher_pid(_conn=None):
-    """The launcher never connects to a database, so it is not in pg_stat_activity: find it among
-    the postmaster's children by its process title."""
-    postmaster = (pathlib.Path(PGDATA) / "postmaster.pid").read_text().split()[0]
-    found = subprocess.run(["pgrep", "-P", postmaster, "-f", "idempotency launcher"],
-                           capture_output=True, text=True).stdout.split()
-    return int(found[0]) if found else None
+def launcher_pid(conn):
+    """The launcher as pg_stat_activity shows it (connected to no database)."""
+    return one(conn, "SELECT pid FROM pg_stat_activity WHERE backend_type = 'idempotency launcher' "
+                     "AND datname IS NULL")
 
 
 def reload(conn, setting, value):
@@ -79,6 +76,23 @@ def db():
             yield conn
     finally:
         subprocess.run([script, "stop"], env=env(), check=False)
+
+
+def test_worker_leaves_new_and_restoring_databases_alone(db):
+    # CREATE EXTENSION made no partition: the worker waits for the first claim or manual round.
+    time.sleep(3.5)  # three rounds at maintenance_interval = 1s
+    assert one(db, "SELECT count(*) FROM idempotency.partitions") == 0
+    assert one(db, "SELECT partitions_created FROM idem_maintenance()") == 5
+    # A table of our schema not attached to the record table is what a restore looks like before
+    # it attached its partitions: no round touches the database meanwhile.
+    db.execute("CREATE TABLE idempotency.records_p2000_01_01 (LIKE idempotency.records)")
+    newest = one(db, "SELECT partition::text FROM idempotency.partitions ORDER BY range_from DESC LIMIT 1")
+    db.execute(f"DROP TABLE {newest}")
+    time.sleep(3.5)
+    assert one(db, "SELECT count(*) FROM idempotency.partitions WHERE partition::text = %s", newest) == 0
+    db.execute("DROP TABLE idempotency.records_p2000_01_01")
+    wait_for(f"{newest} premade again once the stray table is gone", lambda: one(
+        db, "SELECT count(*) FROM idempotency.partitions WHERE partition::text = %s", newest) == 1)
 
 
 def test_worker_premakes_a_dropped_future_partition(db):
@@ -188,8 +202,8 @@ def test_worker_restarts_after_kill_9_and_stops_on_sigterm(db):
         # Nothing committed was lost in the crash.
         assert one(c, "SELECT outcome FROM idem_claim('durable', scope => 'crash')") == "completed"
         start = one(c, "SELECT pg_postmaster_start_time()")
-        os.kill(new_pid, signal.SIGTERM)  # not pg_terminate_backend: the launcher has no session
-        wait_for("launcher gone after SIGTERM", lambda: launcher_pid() is None)
+        os.kill(new_pid, signal.SIGTERM)  # what pg_terminate_backend(pid) sends
+        wait_for("launcher gone after SIGTERM", lambda: launcher_pid(c) is None)
         assert "idempotency launcher stopping" in LOG.read_text()
     with connect() as c:
         # A clean stop, not a crash: no crash recovery, the same postmaster.

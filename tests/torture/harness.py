@@ -318,6 +318,7 @@ class Cluster:
         if extension:
             with self.connect(name) as c:
                 c.execute("CREATE EXTENSION idempotency")
+                c.execute("SELECT FROM idem_maintenance()")  # the first partitions
 
 
 def stop_all_clusters():
