@@ -53,9 +53,12 @@ WITH slots AS (
                                   CASE WHEN $2 >= interval '1 day' THEN 'YYYY_MM_DD' ELSE 'YYYY_MM_DD_HH24MI' END) AS name
       FROM generate_series(date_bin($2, $1, timestamptz '2000-01-01 00:00:00+00'), $1 + $2 * $3, $2) AS s
 )
-SELECT format('CREATE TABLE IF NOT EXISTS idempotency.%I PARTITION OF idempotency.records FOR VALUES FROM (%L) TO (%L);
-               SELECT idempotency.index_partition(%L)',
-              s.name, s.lo, s.hi, 'idempotency.' || quote_ident(s.name))
+SELECT format('CREATE TABLE IF NOT EXISTS idempotency.%I PARTITION OF idempotency.records FOR VALUES FROM (%L) TO (%L)',
+              s.name, s.lo, s.hi)
+       -- Between the restart on a new build and ALTER EXTENSION UPDATE, the 0.1.0 schema has no
+       -- index_partition: its partitioned indexes give the new partition its indexes.
+       || CASE WHEN to_regprocedure('idempotency.index_partition(regclass)') IS NULL THEN ''
+               ELSE format('; SELECT idempotency.index_partition(%L)', 'idempotency.' || quote_ident(s.name)) END
   FROM slots s
  WHERE NOT EXISTS (SELECT 1 FROM idempotency.partitions p WHERE p.range_from < s.hi AND p.range_to > s.lo)
  ORDER BY s.lo"#,

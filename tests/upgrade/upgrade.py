@@ -516,6 +516,23 @@ def run_one(ck, old_version, old_dir, new_version, new_files):
                          if waited is None else
                          f"the new library's maintenance launcher finished its first round ({waited:.1f} s after the "
                          "restart) before the update"), flush=True)
+        # Before the update, the new library meets the old schema: partitions it makes then (a day rolled
+        # over, a first claim) must get their indexes too (rolled back, so the data stays as written).
+        with cluster.connect(DATA) as c:
+            c.execute("BEGIN")
+            try:
+                made = c.execute("SELECT idempotency.premake_partitions(now() + interval '60 days')").fetchone()[0]
+                unindexed = c.execute("""
+                    SELECT count(*) FROM idempotency.partitions p
+                     WHERE range_from > now() + interval '50 days'
+                       AND (SELECT count(*) FROM pg_index i WHERE i.indrelid = p.partition) <> 2""").fetchone()[0]
+                err = None
+            except psycopg.Error as e:
+                made, unindexed, err = 0, None, describe_error(e)
+            c.execute("ROLLBACK")
+            ck.check("before the update, the new library makes partitions on the old schema, each with its 2 indexes",
+                     err is None and made > 0 and unindexed == 0,
+                     (err or []) + [f"made {made}, {unindexed} without 2 indexes"])
         for db in (DATA, EMPTY):
             with cluster.connect(db) as c:
                 try:
