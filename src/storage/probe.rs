@@ -244,8 +244,12 @@ unsafe fn collect_leaves(
     }
     // Copied before opening the children: opening them may process invalidations.
     let desc = pg_sys::RelationGetPartitionDesc(rel, true);
-    let children: Vec<pg_sys::Oid> =
-        std::slice::from_raw_parts((*desc).oids, (*desc).nparts as usize).to_vec();
+    // (A table without partitions may have no array at all: from_raw_parts needs a pointer.)
+    let children: Vec<pg_sys::Oid> = if (*desc).nparts == 0 {
+        Vec::new()
+    } else {
+        std::slice::from_raw_parts((*desc).oids, (*desc).nparts as usize).to_vec()
+    };
     let starts = horizon.map(|_| range_starts(desc)).unwrap_or_default();
     pg_sys::table_close(rel, pg_sys::NoLock as i32);
     for (i, child) in children.into_iter().enumerate() {
