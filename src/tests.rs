@@ -177,6 +177,7 @@ mod tests {
         // ahead: the first two are duplicates, the last is in a partition premade for later,
         // which lookups do not search (no claim writes there before its time comes).
         Spi::run("SELECT idempotency.premake_partitions(now() - interval '10 days')").unwrap();
+        Spi::run("SELECT idempotency.premake_partitions(now())").unwrap();
         Spi::run(
             "INSERT INTO idempotency.records (scope, key, status, created_at)
              VALUES ('default', 'past', 'completed', now() - interval '10 days'),
