@@ -1,8 +1,11 @@
-//! The `idempotency.*` settings. Sizes and durations use PostgreSQL units, so
-//! `SET idempotency.lease_ttl = '30s'` and `idempotency.max_payload_bytes = '256kB'` work.
+//! The `idempotency.*` settings, each defined once below: name, descriptions, default, bounds, who
+//! may set it and its unit. Sizes and durations use PostgreSQL units, so
+//! `SET idempotency.lease_ttl = '30s'` and `idempotency.max_payload_bytes = '256kB'` work. The rest of
+//! the crate reads them through the typed accessors at the end (durations as `Duration`).
 use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::PostgresGucEnum;
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
+use std::time::Duration;
 
 /// Who creates and drops the partitions of `idempotency.records`.
 #[derive(PostgresGucEnum, Clone, Copy, PartialEq, Eq, Debug)]
@@ -18,119 +21,184 @@ pub enum PartitionManager {
     None,
 }
 
-/// Lease length, in milliseconds, when `idem_claim` / `idem_heartbeat` get `ttl => NULL`.
-pub static LEASE_TTL_MS: GucSetting<i32> = GucSetting::<i32>::new(5 * 60 * 1000);
-/// Claims of one key before it becomes terminal.
-pub static MAX_ATTEMPTS: GucSetting<i32> = GucSetting::<i32>::new(5);
-/// Longest key and scope, in bytes.
-pub static MAX_KEY_BYTES: GucSetting<i32> = GucSetting::<i32>::new(512);
-/// Largest payload or error, in bytes of stored jsonb.
-pub static MAX_PAYLOAD_BYTES: GucSetting<i32> = GucSetting::<i32>::new(1024 * 1024);
-/// Width of one storage partition, in seconds.
-pub static PARTITION_INTERVAL_S: GucSetting<i32> = GucSetting::<i32>::new(24 * 60 * 60);
-/// Partitions kept ready ahead of the current one.
-pub static PREMAKE: GucSetting<i32> = GucSetting::<i32>::new(4);
+/// An integer setting and everything PostgreSQL needs to register it.
+struct Int {
+    name: &'static CStr,
+    short: &'static CStr,
+    long: &'static CStr,
+    value: GucSetting<i32>,
+    min: i32,
+    max: i32,
+    set_by: SetBy,
+    flags: GucFlags,
+}
 
-/// Partitions whose whole range is older than this (seconds) are dropped.
-pub static RETENTION_S: GucSetting<i32> = GucSetting::<i32>::new(7 * 24 * 60 * 60);
-/// Pause between two maintenance rounds of the background worker (seconds).
-pub static MAINTENANCE_INTERVAL_S: GucSetting<i32> = GucSetting::<i32>::new(60);
-/// Databases the background worker maintains, comma-separated.
-pub static DATABASE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"postgres"));
-pub static PARTITION_MANAGER: GucSetting<PartitionManager> =
+/// Who may change a setting (pgrx's `GucContext`, which cannot be copied out of a static).
+#[derive(Clone, Copy)]
+enum SetBy {
+    /// Anyone, with `SET` (per session or transaction).
+    Anyone,
+    /// Superusers, with `SET`.
+    Superuser,
+    /// postgresql.conf or `ALTER SYSTEM`, then a reload: what the maintenance worker reads.
+    Reload,
+}
+
+impl SetBy {
+    fn context(self) -> GucContext {
+        match self {
+            SetBy::Anyone => GucContext::Userset,
+            SetBy::Superuser => GucContext::Suset,
+            SetBy::Reload => GucContext::Sighup,
+        }
+    }
+}
+
+impl Int {
+    fn register(&'static self) {
+        GucRegistry::define_int_guc(
+            self.name, self.short, self.long, &self.value, self.min, self.max, self.set_by.context(), self.flags,
+        );
+    }
+}
+
+const DAY_S: i32 = 24 * 60 * 60;
+
+static LEASE_TTL: Int = Int {
+    name: c"idempotency.lease_ttl",
+    short: c"Lease length used when idem_claim or idem_heartbeat get ttl => NULL.",
+    long: c"A claim in two-transaction mode is owned until its lease ends; then the next claim takes it over.",
+    value: GucSetting::<i32>::new(5 * 60 * 1000),
+    min: 1,
+    max: i32::MAX,
+    set_by: SetBy::Anyone,
+    flags: GucFlags::UNIT_MS,
+};
+static MAX_ATTEMPTS: Int = Int {
+    name: c"idempotency.max_attempts",
+    short: c"Claims of one key before it becomes a terminal failure.",
+    long: c"Counted by idem_fail(retryable => true) and by takeovers of expired leases.",
+    value: GucSetting::<i32>::new(5),
+    min: 1,
+    max: 1_000_000,
+    set_by: SetBy::Anyone,
+    flags: GucFlags::empty(),
+};
+static MAX_KEY_BYTES: Int = Int {
+    name: c"idempotency.max_key_bytes",
+    short: c"Longest accepted key and scope, in bytes.",
+    long: c"Longer keys are rejected with SQLSTATE 54000; hash long natural keys on the client.",
+    value: GucSetting::<i32>::new(512),
+    min: 1,
+    max: 1024 * 1024,
+    set_by: SetBy::Superuser,
+    flags: GucFlags::UNIT_BYTE,
+};
+static MAX_PAYLOAD_BYTES: Int = Int {
+    name: c"idempotency.max_payload_bytes",
+    short: c"Largest accepted payload or error document, in bytes of stored jsonb.",
+    long: c"Larger documents are rejected with SQLSTATE 54000.",
+    value: GucSetting::<i32>::new(1024 * 1024),
+    min: 0,
+    max: i32::MAX,
+    set_by: SetBy::Superuser,
+    flags: GucFlags::UNIT_BYTE,
+};
+static PARTITION_INTERVAL: Int = Int {
+    name: c"idempotency.partition_interval",
+    short: c"Width of one time partition of the record table.",
+    long: c"Retention drops whole partitions, so this is also the granularity of retention.",
+    value: GucSetting::<i32>::new(DAY_S),
+    min: 60,
+    max: i32::MAX,
+    set_by: SetBy::Reload,
+    flags: GucFlags::UNIT_S,
+};
+static PREMAKE: Int = Int {
+    name: c"idempotency.premake",
+    short: c"Partitions created ahead of the current one.",
+    long: c"Each maintenance round makes the partitions missing from the current one to this many intervals ahead, so claims rarely have to create one.",
+    value: GucSetting::<i32>::new(4),
+    min: 1,
+    max: 1000,
+    set_by: SetBy::Reload,
+    flags: GucFlags::empty(),
+};
+static RETENTION: Int = Int {
+    name: c"idempotency.retention",
+    short: c"Age past which whole partitions are dropped.",
+    long: c"A partition is dropped once its upper bound is older than now - retention; keys in it can then be processed again.",
+    value: GucSetting::<i32>::new(7 * DAY_S),
+    min: 60,
+    max: i32::MAX,
+    set_by: SetBy::Reload,
+    flags: GucFlags::UNIT_S,
+};
+static MAINTENANCE_INTERVAL: Int = Int {
+    name: c"idempotency.maintenance_interval",
+    short: c"Pause between two rounds of the maintenance worker.",
+    long: c"Each round premakes and drops partitions and reclaims stuck leases in every database of idempotency.database.",
+    value: GucSetting::<i32>::new(60),
+    min: 1,
+    max: DAY_S,
+    set_by: SetBy::Reload,
+    flags: GucFlags::UNIT_S,
+};
+static RECLAIM_AFTER: Int = Int {
+    name: c"idempotency.reclaim_after",
+    short: c"Grace period after a lease expired before maintenance deletes the never-taken-over key.",
+    long: c"A key whose consumer vanished and that no claim took over is deleted this long after its lease ended, so that it can be processed again from scratch.",
+    value: GucSetting::<i32>::new(60 * 60),
+    min: 0,
+    max: i32::MAX,
+    set_by: SetBy::Reload,
+    flags: GucFlags::UNIT_S,
+};
+static DROP_LOCK_TIMEOUT: Int = Int {
+    name: c"idempotency.drop_lock_timeout",
+    short: c"How long dropping a partition may wait for its lock before maintenance leaves it for the next round.",
+    long: c"Dropping a partition needs a brief exclusive lock on the record table; claims queue behind it at most this long.",
+    value: GucSetting::<i32>::new(100),
+    min: 1,
+    max: 60 * 1000,
+    set_by: SetBy::Reload,
+    flags: GucFlags::UNIT_MS,
+};
+static MAX_BATCH_KEYS: Int = Int {
+    name: c"idempotency.max_batch_keys",
+    short: c"Most keys accepted by one idem_*_batch call.",
+    long: c"Each key of a batch holds one entry of the shared lock table until the transaction ends; raise max_locks_per_transaction with it.",
+    value: GucSetting::<i32>::new(1_000),
+    min: 1,
+    max: 1_000_000,
+    set_by: SetBy::Superuser,
+    flags: GucFlags::empty(),
+};
+
+static DATABASE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"postgres"));
+static PARTITION_MANAGER: GucSetting<PartitionManager> =
     GucSetting::<PartitionManager>::new(PartitionManager::Builtin);
-/// A lease that expired this long ago (seconds) and was never taken over is reclaimed.
-pub static RECLAIM_AFTER_S: GucSetting<i32> = GucSetting::<i32>::new(60 * 60);
-/// How long dropping a partition may wait for its lock before it is left for the next round (ms).
-pub static DROP_LOCK_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(100);
-/// Most keys accepted by one batch call.
-pub static MAX_BATCH_KEYS: GucSetting<i32> = GucSetting::<i32>::new(1_000);
 
 pub fn init() {
-    GucRegistry::define_int_guc(
-        c"idempotency.lease_ttl",
-        c"Lease length used when idem_claim or idem_heartbeat get ttl => NULL.",
-        c"A claim in two-transaction mode is owned until its lease ends; then the next claim takes it over.",
-        &LEASE_TTL_MS,
-        1,
-        i32::MAX,
-        GucContext::Userset,
-        GucFlags::UNIT_MS,
-    );
-    GucRegistry::define_int_guc(
-        c"idempotency.max_attempts",
-        c"Claims of one key before it becomes a terminal failure.",
-        c"Counted by idem_fail(retryable => true) and by takeovers of expired leases.",
+    for setting in [
+        &LEASE_TTL,
         &MAX_ATTEMPTS,
-        1,
-        1_000_000,
-        GucContext::Userset,
-        GucFlags::default(),
-    );
-    GucRegistry::define_int_guc(
-        c"idempotency.max_key_bytes",
-        c"Longest accepted key and scope, in bytes.",
-        c"Longer keys are rejected with SQLSTATE 54000; hash long natural keys on the client.",
         &MAX_KEY_BYTES,
-        1,
-        1024 * 1024,
-        GucContext::Suset,
-        GucFlags::UNIT_BYTE,
-    );
-    GucRegistry::define_int_guc(
-        c"idempotency.max_payload_bytes",
-        c"Largest accepted payload or error document, in bytes of stored jsonb.",
-        c"Larger documents are rejected with SQLSTATE 54000.",
         &MAX_PAYLOAD_BYTES,
-        0,
-        i32::MAX,
-        GucContext::Suset,
-        GucFlags::UNIT_BYTE,
-    );
-    GucRegistry::define_int_guc(
-        c"idempotency.partition_interval",
-        c"Width of one time partition of the record table.",
-        c"Retention drops whole partitions, so this is also the granularity of retention.",
-        &PARTITION_INTERVAL_S,
-        60,
-        i32::MAX,
-        GucContext::Sighup,
-        GucFlags::UNIT_S,
-    );
-    GucRegistry::define_int_guc(
-        c"idempotency.premake",
-        c"Partitions created ahead of the current one.",
-        c"",
+        &PARTITION_INTERVAL,
         &PREMAKE,
-        1,
-        1000,
-        GucContext::Sighup,
-        GucFlags::default(),
-    );
-    GucRegistry::define_int_guc(
-        c"idempotency.retention",
-        c"Age past which whole partitions are dropped.",
-        c"A partition is dropped once its upper bound is older than now - retention; keys in it can then be processed again.",
-        &RETENTION_S,
-        60,
-        i32::MAX,
-        GucContext::Sighup,
-        GucFlags::UNIT_S,
-    );
-    GucRegistry::define_int_guc(
-        c"idempotency.maintenance_interval",
-        c"Pause between two rounds of the maintenance worker.",
-        c"",
-        &MAINTENANCE_INTERVAL_S,
-        1,
-        24 * 60 * 60,
-        GucContext::Sighup,
-        GucFlags::UNIT_S,
-    );
+        &RETENTION,
+        &MAINTENANCE_INTERVAL,
+        &RECLAIM_AFTER,
+        &DROP_LOCK_TIMEOUT,
+        &MAX_BATCH_KEYS,
+    ] {
+        setting.register();
+    }
     GucRegistry::define_string_guc(
         c"idempotency.database",
         c"Comma-separated databases the maintenance worker maintains.",
-        c"Databases without the extension are skipped quietly.",
+        c"Databases without the extension, or without partitions yet, are skipped quietly.",
         &DATABASE,
         GucContext::Sighup,
         GucFlags::default(),
@@ -138,66 +206,52 @@ pub fn init() {
     GucRegistry::define_enum_guc(
         c"idempotency.partition_manager",
         c"Who premakes and drops partitions: builtin, pg_partman or none.",
-        c"",
+        c"builtin: this extension (claims make a missing current partition, maintenance premakes and drops); pg_partman: its run_maintenance() after idem_partman_handover(); none: the DBA. Maintenance reclaims stuck leases under all three.",
         &PARTITION_MANAGER,
         GucContext::Sighup,
         GucFlags::default(),
     );
-    GucRegistry::define_int_guc(
-        c"idempotency.reclaim_after",
-        c"Grace period after a lease expired before maintenance deletes the never-taken-over key.",
-        c"",
-        &RECLAIM_AFTER_S,
-        0,
-        i32::MAX,
-        GucContext::Sighup,
-        GucFlags::UNIT_S,
-    );
-    GucRegistry::define_int_guc(
-        c"idempotency.drop_lock_timeout",
-        c"How long dropping a partition may wait for its lock before maintenance leaves it for the next round.",
-        c"Dropping a partition needs a brief exclusive lock on the record table; claims queue behind it at most this long.",
-        &DROP_LOCK_TIMEOUT_MS,
-        1,
-        60 * 1000,
-        GucContext::Sighup,
-        GucFlags::UNIT_MS,
-    );
-    GucRegistry::define_int_guc(
-        c"idempotency.max_batch_keys",
-        c"Most keys accepted by one idem_*_batch call.",
-        c"Each key of a batch holds one entry of the shared lock table until the transaction ends; raise max_locks_per_transaction with it.",
-        &MAX_BATCH_KEYS,
-        1,
-        1_000_000,
-        GucContext::Suset,
-        GucFlags::default(),
-    );
 }
 
-pub fn lease_ttl_ms() -> i64 {
-    LEASE_TTL_MS.get() as i64
+fn millis(setting: &Int) -> Duration {
+    Duration::from_millis(setting.value.get() as u64)
+}
+fn seconds(setting: &Int) -> Duration {
+    Duration::from_secs(setting.value.get() as u64)
+}
+
+pub fn lease_ttl() -> Duration {
+    millis(&LEASE_TTL)
 }
 pub fn max_attempts() -> i32 {
-    MAX_ATTEMPTS.get()
+    MAX_ATTEMPTS.value.get()
 }
 pub fn max_key_bytes() -> usize {
-    MAX_KEY_BYTES.get() as usize
+    MAX_KEY_BYTES.value.get() as usize
 }
 pub fn max_payload_bytes() -> usize {
-    MAX_PAYLOAD_BYTES.get() as usize
+    MAX_PAYLOAD_BYTES.value.get() as usize
 }
-pub fn partition_interval_s() -> i64 {
-    PARTITION_INTERVAL_S.get() as i64
+pub fn partition_interval() -> Duration {
+    seconds(&PARTITION_INTERVAL)
 }
 pub fn premake() -> i32 {
-    PREMAKE.get()
+    PREMAKE.value.get()
 }
-pub fn retention_s() -> i64 {
-    RETENTION_S.get() as i64
+pub fn retention() -> Duration {
+    seconds(&RETENTION)
 }
-pub fn maintenance_interval() -> std::time::Duration {
-    std::time::Duration::from_secs(MAINTENANCE_INTERVAL_S.get() as u64)
+pub fn maintenance_interval() -> Duration {
+    seconds(&MAINTENANCE_INTERVAL)
+}
+pub fn reclaim_after() -> Duration {
+    seconds(&RECLAIM_AFTER)
+}
+pub fn drop_lock_timeout() -> Duration {
+    millis(&DROP_LOCK_TIMEOUT)
+}
+pub fn max_batch_keys() -> usize {
+    MAX_BATCH_KEYS.value.get() as usize
 }
 /// The databases listed in `idempotency.database`.
 pub fn databases() -> Vec<String> {
@@ -206,13 +260,4 @@ pub fn databases() -> Vec<String> {
 }
 pub fn partition_manager() -> PartitionManager {
     PARTITION_MANAGER.get()
-}
-pub fn reclaim_after_s() -> i64 {
-    RECLAIM_AFTER_S.get() as i64
-}
-pub fn drop_lock_timeout_ms() -> i32 {
-    DROP_LOCK_TIMEOUT_MS.get()
-}
-pub fn max_batch_keys() -> usize {
-    MAX_BATCH_KEYS.get() as usize
 }

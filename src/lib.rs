@@ -26,6 +26,7 @@ pgrx::extension_sql_file!("../sql/finalize.sql", name = "finalize", finalize);
 pub extern "C-unwind" fn _PG_init() {
     errors::init();
     gucs::init();
+    storage::init();
     worker::register();
 }
 

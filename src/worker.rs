@@ -7,7 +7,7 @@
 //! database; the launcher itself never opens a transaction. SIGHUP re-reads the GUCs, SIGTERM
 //! stops the launcher; the postmaster restarts it after a crash.
 use crate::gucs;
-use crate::storage::maintenance;
+use crate::storage;
 use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags};
 use pgrx::prelude::*;
 use std::time::Duration;
@@ -103,7 +103,7 @@ pub extern "C-unwind" fn idem_maintenance_main(_arg: pg_sys::Datum) {
         if ready != Ok(Some(true)) {
             return None;
         }
-        maintenance::round(unsafe { pg_sys::GetCurrentTransactionStartTimestamp() }, false)
+        storage::maintenance_round(unsafe { pg_sys::GetCurrentTransactionStartTimestamp() }, false)
     });
     match round {
         Some(r) if r.did_something() => log!(

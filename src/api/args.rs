@@ -2,8 +2,7 @@
 //! NULL argument reaches these checks and gets an ERROR instead of a silent NULL result.
 use crate::errors;
 use crate::gucs;
-use crate::storage::document::Document;
-use crate::storage::records::Key;
+use crate::storage::{Document, Key};
 use pgrx::prelude::*;
 
 /// Checks a key or scope: present, non-empty, within `idempotency.max_key_bytes`, printable.
@@ -42,7 +41,7 @@ pub fn required<T>(name: &str, value: Option<T>) -> T {
 /// A lease length: the given interval, or `idempotency.lease_ttl`; it must be positive.
 pub fn ttl(ttl: Option<Interval>) -> Interval {
     let ttl = ttl.unwrap_or_else(|| {
-        Interval::new(0, 0, gucs::lease_ttl_ms() * 1000).expect("lease_ttl is a valid interval")
+        Interval::new(0, 0, gucs::lease_ttl().as_micros() as i64).expect("lease_ttl is a valid interval")
     });
     // PostgreSQL compares intervals with 30-day months; so do we.
     let micros = ttl.months() as i128 * 30 * 86_400_000_000

@@ -6,8 +6,7 @@
 use super::args;
 use crate::errors;
 use crate::gucs;
-use crate::storage::document::{Document, Documents};
-use crate::storage::records;
+use crate::storage::{self, Document, Documents};
 use pgrx::prelude::*;
 
 /// Checks every key of a batch before anything is written.
@@ -47,7 +46,7 @@ fn idem_claim_batch(
     let keys = self::keys(&owned);
     let scope = args::ident("scope", scope);
     let ttl = args::ttl(ttl);
-    let claims = records::claim_batch(scope, &keys, ttl);
+    let claims = storage::claim_batch(scope, &keys, ttl);
     let rows: Vec<_> = keys
         .iter()
         .zip(claims)
@@ -88,7 +87,7 @@ fn idem_complete_batch(
             t.into_iter().map(args::token).collect()
         }
     };
-    records::complete_batch(scope, &keys, payloads.as_ref(), &tokens) as i32
+    storage::complete_batch(scope, &keys, payloads.as_ref(), &tokens) as i32
 }
 
 #[pg_extern(volatile, parallel_unsafe)]
@@ -100,5 +99,5 @@ fn idem_once_batch(
     let owned = keys;
     let keys = self::keys(&owned);
     let scope = args::ident("scope", scope);
-    SetOfIterator::new(records::once_batch(scope, &keys))
+    SetOfIterator::new(storage::once_batch(scope, &keys))
 }

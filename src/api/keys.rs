@@ -1,11 +1,10 @@
 //! `idem_claim`, `idem_complete`, `idem_fail`, `idem_heartbeat`, `idem_once`, `idem_status`.
 //!
 //! They check their arguments, then hand over to `storage`, which runs as the extension's owner
-//! with `pg_catalog` as the only search path (see `storage::spi::Conn`): consumers need no
+//! with `pg_catalog` as the only search path (see the storage's `spi::Conn`): consumers need no
 //! privilege on the storage tables, and no caller's schema can shadow what the storage runs.
 use super::args;
-use crate::storage::document::Document;
-use crate::storage::records;
+use crate::storage::{self, Document};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 
@@ -37,7 +36,7 @@ fn idem_claim(
     let ttl = args::ttl(ttl);
     let fingerprint = args::fingerprint(fingerprint);
     let wait = args::required("wait", wait);
-    let c = records::claim(k, ttl, fingerprint, wait);
+    let c = storage::claim(k, ttl, fingerprint, wait);
     TableIterator::once((
         c.outcome.as_str().to_string(),
         c.token,
@@ -58,7 +57,7 @@ fn idem_complete(
     let k = args::key(key, scope);
     let payload = args::document("payload", payload);
     let token = args::token(token);
-    records::complete(k, payload, token);
+    storage::complete(k, payload, token);
 }
 
 #[pg_extern(volatile, parallel_unsafe)]
@@ -74,7 +73,7 @@ fn idem_fail(
     let error = args::document("error", error);
     let retryable = args::required("retryable", retryable);
     let token = args::token(token);
-    records::fail(k, error, retryable, token).to_string()
+    storage::fail(k, error, retryable, token).to_string()
 }
 
 #[pg_extern(volatile, parallel_unsafe)]
@@ -88,13 +87,13 @@ fn idem_heartbeat(
     let k = args::key(key, scope);
     let ttl = args::ttl(ttl);
     let token = args::token(token);
-    ts(records::heartbeat(k, ttl, token))
+    ts(storage::heartbeat(k, ttl, token))
 }
 
 #[pg_extern(volatile, parallel_unsafe)]
 fn idem_once(key: Option<&str>, scope: default!(Option<&str>, "'default'")) -> bool {
     args::writable("idem_once");
-    records::once(args::key(key, scope))
+    storage::once(args::key(key, scope))
 }
 
 #[pg_extern(volatile, parallel_unsafe)]
@@ -115,7 +114,7 @@ fn idem_status(
     ),
 > {
     let k = args::key(key, scope);
-    let rows = records::status(k).map(|r| {
+    let rows = storage::status(k).map(|r| {
         (
             r.status,
             r.attempts,

@@ -1,7 +1,7 @@
 //! `idem_record_offset`, `idem_next_offset`, `idem_offsets`, `idem_reset_offset`.
 use super::args;
 use crate::errors;
-use crate::storage::offsets::{self, Position};
+use crate::storage::{self, Position};
 use pgrx::prelude::*;
 
 fn position<'a>(group: Option<&'a str>, topic: Option<&'a str>, partition: Option<i32>) -> Position<'a> {
@@ -35,7 +35,7 @@ fn idem_record_offset(
     let p = position(consumer_group, topic, partition);
     let processed = args::required("processed_offset", non_negative("processed_offset", processed_offset));
     let generation = non_negative("generation", generation);
-    offsets::record(p, processed, generation)
+    storage::record_offset(p, processed, generation)
 }
 
 #[pg_extern(volatile, parallel_unsafe)]
@@ -44,7 +44,7 @@ fn idem_next_offset(
     topic: Option<&str>,
     partition: Option<i32>,
 ) -> Option<i64> {
-    offsets::next(position(consumer_group, topic, partition))
+    storage::next_offset(position(consumer_group, topic, partition))
 }
 
 #[pg_extern(volatile, parallel_unsafe)]
@@ -63,7 +63,7 @@ fn idem_offsets(
 > {
     let group = args::ident("consumer_group", consumer_group);
     let topic = topic.map(|t| args::ident("topic", Some(t)));
-    TableIterator::new(offsets::list(group, topic).into_iter().map(|o| {
+    TableIterator::new(storage::list_offsets(group, topic).into_iter().map(|o| {
         (
             o.topic,
             o.partition,
@@ -84,5 +84,5 @@ fn idem_reset_offset(
     args::writable("idem_reset_offset");
     let p = position(consumer_group, topic, partition);
     let next = args::required("next_offset", non_negative("next_offset", next_offset));
-    offsets::reset(p, next);
+    storage::reset_offset(p, next);
 }

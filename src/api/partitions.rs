@@ -3,7 +3,7 @@ use pgrx::prelude::*;
 
 #[pg_schema]
 mod idempotency {
-    use crate::storage::{partitions, spi::Conn};
+    use crate::storage;
     use pgrx::prelude::*;
 
     /// Creates the partitions missing from `as_of`'s slot to `idempotency.premake` intervals ahead.
@@ -12,7 +12,6 @@ mod idempotency {
     fn premake_partitions(as_of: default!(Option<TimestampWithTimeZone>, "now()")) -> i32 {
         crate::api::args::writable("idempotency.premake_partitions");
         let as_of = as_of.unwrap_or_else(|| crate::errors::null_argument("as_of"));
-        let conn = Conn::open();
-        partitions::create_missing(&conn, as_of.into_inner())
+        storage::premake_partitions(as_of.into_inner())
     }
 }

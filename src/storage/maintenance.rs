@@ -50,7 +50,10 @@ pub fn round(as_of: pg_sys::TimestampTz, wait: bool) -> Option<Round> {
         round.dropped = dropped.dropped;
         round.deferred = dropped.deferred;
     }
-    round.reclaimed = reclaim(&conn, as_of - gucs::reclaim_after_s() * 1_000_000);
+    if gucs::partition_manager() == PartitionManager::PgPartman {
+        partitions::index_missing(&conn);
+    }
+    round.reclaimed = reclaim(&conn, as_of - gucs::reclaim_after().as_micros() as i64);
     Some(round)
 }
 

@@ -1,10 +1,37 @@
 //! Storage: the record table behind the API, written through SPI with saved plans and read by
-//! direct index probes.
-pub mod document;
-pub mod keylock;
-pub mod maintenance;
-pub mod offsets;
-pub mod partitions;
-pub mod probe;
-pub mod records;
-pub mod spi;
+//! direct index probes. Only the operations re-exported here are visible to the rest of the crate.
+//!
+//! - `decide`: what a call does to one key (pure, unit-tested); `records`: reads and writes keys;
+//! - `offsets`: broker positions; `maintenance`: one retention round; `partitions`: time
+//!   partitions and their indexes; `partman`: the handover to pg_partman;
+//! - `probe`: index lookups without the executor; `spi`: saved plans, run as the table's owner;
+//!   `keylock`: the per-key lock; `catalog`: cached catalog facts; `xact`: transaction facts;
+//!   `document`: jsonb payloads passed through.
+mod catalog;
+mod decide;
+mod document;
+mod keylock;
+mod maintenance;
+mod offsets;
+mod partitions;
+mod partman;
+mod probe;
+mod records;
+mod spi;
+mod xact;
+
+pub use document::{Document, Documents};
+pub use maintenance::round as maintenance_round;
+pub use offsets::{
+    list as list_offsets, next as next_offset, record as record_offset, reset as reset_offset, Position,
+};
+pub use partitions::premake as premake_partitions;
+pub use partman::handover as partman_handover;
+pub use records::{
+    claim, claim_batch, complete, complete_batch, fail, heartbeat, once, once_batch, status, Key,
+};
+
+/// Process start: the relcache callback that keeps the cached catalog facts true.
+pub fn init() {
+    catalog::init(&[probe::forget_layouts, partitions::forget_coverage]);
+}

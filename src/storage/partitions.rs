@@ -6,6 +6,7 @@
 //! Each backend remembers the range of the partition that holds the current time, so the claim
 //! path pays two comparisons; only when the current time leaves that range does it look again,
 //! and create the missing partitions if there is none.
+use super::catalog::{self, Invalidated};
 use super::keylock;
 use super::spi::{arg, ts_arg, Conn, Snap, Stmt};
 use crate::gucs;
@@ -16,15 +17,18 @@ use std::cell::Cell;
 thread_local! {
     /// The range of a partition this backend has seen. Forgotten whenever the record table's
     /// relcache entry is invalidated, which any partition created, dropped, attached or detached
-    /// (or rolled back) causes (see `probe::forget`, the one relcache callback).
+    /// (or rolled back) causes (see [`forget_coverage`]).
     static COVERED: Cell<Coverage> = const { Cell::new(NO_COVERAGE) };
 }
 
 const NO_COVERAGE: Coverage = Coverage { from: 0, to: 0, partition: pg_sys::InvalidOid };
 
-/// Called when the record table's relcache entry is invalidated.
-pub fn forget_coverage() {
-    COVERED.with(|c| c.set(NO_COVERAGE));
+/// Forgets the partition holding the present when the record table's relcache entry is
+/// invalidated. Called by [`catalog`]'s callback.
+pub fn forget_coverage(what: Invalidated) {
+    if let Invalidated::RecordTable = what {
+        COVERED.with(|c| c.set(NO_COVERAGE));
+    }
 }
 
 /// A partition's range `[from, to)`.
@@ -35,11 +39,6 @@ struct Coverage {
     partition: pg_sys::Oid,
 }
 
-fn remember_coverage(range: Coverage) {
-    // Makes sure the relcache callback that forgets it is registered.
-    super::probe::records_oid();
-    COVERED.with(|c| c.set(range));
-}
 
 /// Slots from `$1`'s slot to `$3` intervals ahead that no existing partition overlaps, each as
 /// the DDL that creates it and its indexes. `$2` is the partition interval. The record table has
@@ -83,6 +82,19 @@ static DROP: Stmt = Stmt {
     args: &[pg_sys::TEXTOID, pg_sys::INT4OID],
 };
 
+/// The partitions (leaves) that lack one of the indexes of `idempotency.index_partition`, each
+/// as the call that makes them.
+static UNINDEXED: Stmt = Stmt {
+    sql: "SELECT format('SELECT idempotency.index_partition(%L)', t.relid::regclass::text)
+            FROM pg_catalog.pg_partition_tree('idempotency.records') t
+            JOIN pg_catalog.pg_class c ON c.oid = t.relid
+           WHERE t.isleaf
+             AND (SELECT count(*) FROM pg_catalog.pg_class ic JOIN pg_catalog.pg_index i ON i.indexrelid = ic.oid
+                   WHERE i.indrelid = t.relid
+                     AND ic.relname IN (c.relname || '_scope_key_idx', c.relname || '_expires_at_idx')) < 2",
+    args: &[],
+};
+
 /// `infinity` and `-infinity` have no partition.
 pub fn check_finite(name: &str, ts: pg_sys::TimestampTz) {
     if ts == i64::MAX || ts == i64::MIN {
@@ -91,8 +103,8 @@ pub fn check_finite(name: &str, ts: pg_sys::TimestampTz) {
 }
 
 fn interval_arg() -> Option<pg_sys::Datum> {
-    let secs = gucs::partition_interval_s();
-    arg(Interval::new(0, 0, secs * 1_000_000).expect("interval in range"))
+    let width = gucs::partition_interval().as_micros() as i64;
+    arg(Interval::new(0, 0, width).expect("interval in range"))
 }
 
 fn missing(conn: &Conn, as_of: pg_sys::TimestampTz) -> Vec<String> {
@@ -125,7 +137,7 @@ pub fn create_missing(conn: &Conn, as_of: pg_sys::TimestampTz) -> i32 {
             partition: rows.get(0, 3).expect("partition"),
         }
     };
-    remember_coverage(range);
+    COVERED.with(|c| c.set(range));
     ddl.len() as i32
 }
 
@@ -158,7 +170,26 @@ pub fn insert_target(conn: &Conn, ts: pg_sys::TimestampTz) -> pg_sys::Oid {
             return c.partition;
         }
     }
-    super::probe::records_oid()
+    catalog::records_oid()
+}
+
+/// Gives the partitions that lack them the indexes every partition needs: those pg_partman 5.x
+/// makes (it copies only unique indexes from its template table). Returns how many it indexed.
+pub fn index_missing(conn: &Conn) -> i32 {
+    let calls: Vec<String> = {
+        let rows = conn.run(&UNINDEXED, &[], Snap::Latest);
+        (0..rows.len()).filter_map(|i| rows.get::<String>(i, 1)).collect()
+    };
+    for call in &calls {
+        conn.execute(call);
+    }
+    calls.len() as i32
+}
+
+/// Creates the partitions missing from `as_of`'s slot to `premake` intervals ahead (the SQL
+/// function `idempotency.premake_partitions`).
+pub fn premake(as_of: pg_sys::TimestampTz) -> i32 {
+    create_missing(&Conn::open(), as_of)
 }
 
 /// What dropping expired partitions did.
@@ -173,14 +204,14 @@ pub struct Dropped {
 /// Each drop waits at most `idempotency.drop_lock_timeout` for its lock, so consumers' claims
 /// queue behind it no longer than that.
 pub fn drop_expired(conn: &Conn, as_of: pg_sys::TimestampTz) -> Dropped {
-    let cutoff = as_of - gucs::retention_s() * 1_000_000;
+    let cutoff = as_of - gucs::retention().as_micros() as i64;
     let names: Vec<String> = {
         let rows = conn.run(&EXPIRED, &[ts_arg(cutoff)], Snap::Latest);
         (0..rows.len()).filter_map(|i| rows.get::<String>(i, 1)).collect()
     };
     let mut done = Dropped::default();
     for name in names {
-        let rows = conn.run(&DROP, &[arg(name.as_str()), arg(gucs::drop_lock_timeout_ms())], Snap::Statement);
+        let rows = conn.run(&DROP, &[arg(name.as_str()), arg(gucs::drop_lock_timeout().as_millis() as i32)], Snap::Statement);
         if rows.get::<bool>(0, 1) == Some(true) {
             done.dropped += 1;
         } else {

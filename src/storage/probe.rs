@@ -6,9 +6,10 @@
 //! Here the same access method calls (`index_beginscan`, `index_getnext_slot`) run without the
 //! executor, under the latest snapshot, taking the same `AccessShareLock`s the plan would, so
 //! visibility, HOT chains and SERIALIZABLE's predicate locks behave exactly as they did.
+use super::catalog::{self, Invalidated};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::collections::HashMap;
 
 /// The record columns a lookup reads, in the order of [`COLUMN_NAMES`].
@@ -35,67 +36,18 @@ struct Layout {
 }
 
 thread_local! {
-    static RECORDS_OID: Cell<pg_sys::Oid> = const { Cell::new(pg_sys::InvalidOid) };
-    static RECORDS_OWNER: Cell<pg_sys::Oid> = const { Cell::new(pg_sys::InvalidOid) };
     static LAYOUTS: RefCell<HashMap<pg_sys::Oid, Layout>> = RefCell::new(HashMap::new());
-    static CALLBACK_REGISTERED: Cell<bool> = const { Cell::new(false) };
 }
 
-/// The backend's one relcache callback. Any change to a partition (index rebuilt, column dropped,
-/// partition dropped) or to the record table invalidates its relcache entry; forget what was
-/// learned from it, here and in `partitions` (the range of the partition holding the present).
-#[pg_guard]
-unsafe extern "C-unwind" fn forget(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
-    if relid == pg_sys::InvalidOid || relid == RECORDS_OID.with(|r| r.get()) {
-        super::partitions::forget_coverage();
-        RECORDS_OID.with(|r| r.set(pg_sys::InvalidOid));
-        RECORDS_OWNER.with(|r| r.set(pg_sys::InvalidOid));
-        LAYOUTS.with(|l| l.borrow_mut().clear());
-    } else {
-        LAYOUTS.with(|l| l.borrow_mut().remove(&relid));
-    }
-}
-
-/// The oid of `idempotency.records`, remembered until its relcache entry is invalidated.
-pub fn records_oid() -> pg_sys::Oid {
-    if !CALLBACK_REGISTERED.with(|r| r.replace(true)) {
-        unsafe { pg_sys::CacheRegisterRelcacheCallback(Some(forget), pg_sys::Datum::from(0usize)) };
-    }
-    let cached = RECORDS_OID.with(|r| r.get());
-    if cached != pg_sys::InvalidOid {
-        return cached;
-    }
-    let oid = unsafe {
-        let schema = pg_sys::get_namespace_oid(c"idempotency".as_ptr(), false);
-        pg_sys::get_relname_relid(c"records".as_ptr(), schema)
-    };
-    if oid == pg_sys::InvalidOid {
-        panic!("idempotency.records does not exist");
-    }
-    RECORDS_OID.with(|r| r.set(oid));
-    oid
-}
-
-/// The role that owns the record table: the extension's owner, as whom the storage is written.
-pub fn records_owner() -> pg_sys::Oid {
-    let oid = records_oid();
-    let cached = RECORDS_OWNER.with(|r| r.get());
-    if cached != pg_sys::InvalidOid {
-        return cached;
-    }
-    // From the syscache: no lock on the table, so an offsets-only call never queues behind DDL.
-    let owner = unsafe {
-        let tuple =
-            pg_sys::SearchSysCache1(pg_sys::SysCacheIdentifier::RELOID as i32, pg_sys::Datum::from(oid));
-        if tuple.is_null() {
-            panic!("idempotency.records does not exist");
+/// Forgets what was learned from a partition whose relcache entry was invalidated (index rebuilt,
+/// column dropped, partition dropped), or from all of them. Called by [`catalog`]'s callback.
+pub fn forget_layouts(what: Invalidated) {
+    LAYOUTS.with(|l| match what {
+        Invalidated::RecordTable => l.borrow_mut().clear(),
+        Invalidated::Relation(relid) => {
+            l.borrow_mut().remove(&relid);
         }
-        let owner = (*pg_sys::heap_tuple_get_struct::<pg_sys::FormData_pg_class>(tuple)).relowner;
-        pg_sys::ReleaseSysCache(tuple);
-        owner
-    };
-    RECORDS_OWNER.with(|r| r.set(owner));
-    owner
+    });
 }
 
 /// The `(scope, key)` index of an open partition and its column numbers.
@@ -170,7 +122,7 @@ impl Prober {
             let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
             let mut leaves = Vec::new();
             let horizon = pg_sys::GetCurrentTimestamp() + FUTURE_MARGIN_US;
-            collect_leaves(records_oid(), Some(horizon), &mut leaves);
+            collect_leaves(catalog::records_oid(), Some(horizon), &mut leaves);
             // Newest first: a duplicate is most likely a recent key.
             leaves.reverse();
             let parts = leaves

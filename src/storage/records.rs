@@ -1,14 +1,16 @@
-//! The record table and the state machine of one key.
+//! The record table: reads a key's record, lets [`decide`] say what to do, and does it.
 //!
 //! Every writer of a key first locks it (see [`keylock`]), then reads its record under the
 //! latest snapshot, so the read sees what the previous lock holder committed. Under REPEATABLE
 //! READ and SERIALIZABLE a record the transaction's own snapshot cannot see means a concurrent
 //! transaction got there first: that is a serialization failure, never a second claim.
+use super::decide::{self, Answer, ClaimDecision, FailDecision, NotHeld, State};
 use super::document::{Document, Documents};
 use super::keylock::{self, KeyLock};
 use super::partitions;
 use super::probe::{Col, Prober, Tuple};
 use super::spi::{arg, tid_arg, Conn, Rows, Snap, Stmt};
+use super::xact;
 use crate::errors;
 use crate::gucs;
 use pgrx::pg_sys;
@@ -109,53 +111,17 @@ static HEARTBEAT: Stmt = Stmt {
     args: &[T_TEXT, T_TEXT, T_TID, T_IVL],
 };
 
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum Status {
-    Pending,
-    Completed,
-    Failed,
-}
-
-impl Status {
-    fn parse(s: &str) -> Status {
-        match s {
-            "pending" => Status::Pending,
-            "completed" => Status::Completed,
-            "failed" => Status::Failed,
-            other => panic!("unexpected status {other:?} in idempotency.records"),
-        }
-    }
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Status::Pending => "pending",
-            Status::Completed => "completed",
-            Status::Failed => "failed",
-        }
-    }
-}
-
 /// One key's record as the latest snapshot sees it.
 struct Record {
-    status: Status,
-    token: Option<i64>,
+    state: State,
     attempts: i32,
     fingerprint: Option<String>,
-    expires_at: Option<pg_sys::TimestampTz>,
     xmin: pg_sys::TransactionId,
     /// Where it is: its partition and its ctid there.
     partition: pg_sys::Oid,
     tid: pg_sys::ItemPointerData,
     /// The stored payload for `completed`, the stored error otherwise (read only when needed).
     document: Option<Document>,
-}
-
-impl Record {
-    fn written_by_this_transaction(&self) -> bool {
-        unsafe { pg_sys::TransactionIdIsCurrentTransactionId(self.xmin) }
-    }
-    fn lease_is_live(&self) -> bool {
-        self.token.is_some() && self.expires_at.is_some_and(|e| e > unsafe { pg_sys::GetCurrentTimestamp() })
-    }
 }
 
 /// Identifies one key.
@@ -171,19 +137,11 @@ impl Key<'_> {
     }
 }
 
-/// Under REPEATABLE READ and SERIALIZABLE, a row version written by a transaction that the
-/// transaction snapshot does not see was written concurrently: raise 40001.
-fn check_snapshot_sees(k: Key, xmin: pg_sys::TransactionId) {
-    unsafe {
-        if pg_sys::XactIsoLevel < pg_sys::XACT_REPEATABLE_READ as i32 {
-            return;
-        }
-        if pg_sys::TransactionIdIsCurrentTransactionId(xmin) {
-            return;
-        }
-        if pg_sys::XidInMVCCSnapshot(xmin, pg_sys::GetTransactionSnapshot()) {
-            errors::serialization_failure(k.scope, k.key);
-        }
+/// A record written by a transaction this transaction's snapshot cannot see (REPEATABLE READ,
+/// SERIALIZABLE) was written concurrently: raise 40001.
+fn check_visible(k: Key, xmin: pg_sys::TransactionId) {
+    if xact::snapshot_misses(xmin) {
+        errors::serialization_failure(k.scope, k.key);
     }
 }
 
@@ -191,24 +149,29 @@ impl Record {
     /// Reads a record found by a probe, checking that this transaction may see it.
     fn from_tuple(t: &Tuple, k: Key) -> Record {
         let xmin = t.xmin();
-        check_snapshot_sees(k, xmin);
-        let status = Status::parse(&t.get::<String>(Col::Status).expect("status"));
-        let document = match status {
-            Status::Pending => None,
-            Status::Completed => t.get_document(Col::Payload),
-            Status::Failed => t.get_document(Col::Error),
+        check_visible(k, xmin);
+        let status = t.get::<String>(Col::Status).expect("status");
+        let state = State::from_columns(&status, t.get(Col::Token), t.get_ts(Col::ExpiresAt))
+            .unwrap_or_else(|| panic!("unexpected status {status:?} in idempotency.records"));
+        let document = match state {
+            State::Pending(_) => None,
+            State::Completed { .. } => t.get_document(Col::Payload),
+            State::Failed { .. } => t.get_document(Col::Error),
         };
         Record {
-            status,
-            token: t.get(Col::Token),
+            state,
             attempts: t.get(Col::Attempts).expect("attempts"),
             fingerprint: t.get(Col::Fingerprint),
-            expires_at: t.get_ts(Col::ExpiresAt),
             xmin,
             partition: t.partition(),
             tid: t.tid(),
             document,
         }
+    }
+
+    /// `$1` to `$3` of the statements that update this row version: scope, key, ctid.
+    fn row_args(&self, k: Key) -> [Option<pg_sys::Datum>; 3] {
+        [arg(k.scope), arg(k.key), tid_arg(self.tid)]
     }
 }
 
@@ -228,7 +191,7 @@ fn lookup_many(_conn: &Conn, scope: &str, keys: &[&str]) -> HashMap<String, Reco
 
 /// Where this transaction's new records go (they get `created_at = now()`).
 fn new_rows_go(conn: &Conn) -> pg_sys::Oid {
-    partitions::insert_target(conn, unsafe { pg_sys::GetCurrentTransactionStartTimestamp() })
+    partitions::insert_target(conn, xact::start_time())
 }
 
 /// Locks several keys in a fixed (sorted) order, so two batches never deadlock on each other.
@@ -279,6 +242,44 @@ pub struct Claim {
 }
 
 impl Claim {
+    /// The caller owns the key now.
+    fn claimed(token: Option<i64>, attempts: Option<i32>, expires_at: Option<pg_sys::TimestampTz>) -> Claim {
+        Claim { outcome: Outcome::Claimed, token, attempts, payload: None, expires_at }
+    }
+
+    /// Another open transaction holds a key that has no committed record.
+    fn busy() -> Claim {
+        Claim { outcome: Outcome::InProgress, token: None, attempts: None, payload: None, expires_at: None }
+    }
+
+    /// An answer read from the record: the token only for a completed key (its replay), the lease's
+    /// end only for a key in progress, the stored payload or error.
+    fn answer(answer: Answer, rec: Record) -> Claim {
+        let attempts = Some(rec.attempts);
+        match answer {
+            Answer::Mismatch => {
+                Claim { outcome: Outcome::Mismatch, token: None, attempts, payload: None, expires_at: None }
+            }
+            Answer::Completed => Claim {
+                outcome: Outcome::Completed,
+                token: rec.state.token(),
+                attempts,
+                payload: rec.document,
+                expires_at: None,
+            },
+            Answer::Failed => {
+                Claim { outcome: Outcome::Failed, token: None, attempts, payload: rec.document, expires_at: None }
+            }
+            Answer::InProgress => Claim {
+                outcome: Outcome::InProgress,
+                token: None,
+                attempts,
+                payload: rec.document,
+                expires_at: rec.state.expires_at(),
+            },
+        }
+    }
+
     /// A copy of this answer; for a repeated occurrence of a key in one batch, the same answer
     /// except that only the first occurrence owns the claim.
     fn copy(&self, repeated: bool) -> Claim {
@@ -290,54 +291,18 @@ impl Claim {
     }
 }
 
-fn report(outcome: Outcome, rec: Record) -> Claim {
-    let token = if matches!(outcome, Outcome::Completed) { rec.token } else { None };
-    let expires_at = if matches!(outcome, Outcome::InProgress) { rec.expires_at } else { None };
-    Claim { outcome, token, attempts: Some(rec.attempts), payload: rec.document, expires_at }
-}
-
-/// The answer for a key that is already settled, whoever holds its lock.
-fn settled(rec: Record, fingerprint: Option<&str>) -> Result<Claim, Record> {
-    if let (Some(stored), Some(given)) = (rec.fingerprint.as_deref(), fingerprint) {
-        if stored != given {
-            return Ok(Claim {
-                outcome: Outcome::Mismatch,
-                token: None,
-                attempts: Some(rec.attempts),
-                payload: None,
-                expires_at: None,
-            });
-        }
-    }
-    match rec.status {
-        Status::Completed => Ok(report(Outcome::Completed, rec)),
-        Status::Failed => Ok(report(Outcome::Failed, rec)),
-        Status::Pending => Err(rec),
-    }
-}
-
 pub fn claim(k: Key, ttl: Interval, fingerprint: Option<&str>, wait: bool) -> Claim {
     let conn = Conn::open();
-    partitions::ensure_covered(&conn, unsafe { pg_sys::GetCurrentTransactionStartTimestamp() });
+    partitions::ensure_covered(&conn, xact::start_time());
     let Some(lock) = keylock::lock_key(k.scope, k.key, wait) else {
         // Another open transaction holds the key: report what is settled, never write.
         return match lookup(&conn, k) {
-            Some(rec) => claim_existing(&conn, k, rec, ttl, fingerprint, false).0,
-            None => Claim {
-                outcome: Outcome::InProgress,
-                token: None,
-                attempts: None,
-                payload: None,
-                expires_at: None,
-            },
+            Some(rec) => claim_existing(&conn, k, rec, ttl, fingerprint, None),
+            None => Claim::busy(),
         };
     };
     if let Some(rec) = lookup(&conn, k) {
-        let (answer, wrote) = claim_existing(&conn, k, rec, ttl, fingerprint, true);
-        if !wrote {
-            lock.release_if_only_read();
-        }
-        return answer;
+        return claim_existing(&conn, k, rec, ttl, fingerprint, Some(lock));
     }
     let rows = conn.run_on(
         &INSERT_CLAIM,
@@ -346,61 +311,53 @@ pub fn claim(k: Key, ttl: Interval, fingerprint: Option<&str>, wait: bool) -> Cl
         Snap::Statement,
     );
     expect_one(&rows, "claim");
-    Claim {
-        outcome: Outcome::Claimed,
-        token: rows.get(0, 1),
-        attempts: Some(1),
-        payload: None,
-        expires_at: rows.get_ts(0, 2),
-    }
+    Claim::claimed(rows.get(0, 1), Some(1), rows.get_ts(0, 2))
 }
 
-/// The claim of a key that has a record. `locked` says whether we hold the key's lock.
-/// Also says whether it wrote to the record.
+/// The claim of a key that has a record: does what [`decide::claim`] says. `lock` is the key's
+/// lock when the caller holds it; a call that only read gives it back (see [`KeyLock`]).
 fn claim_existing(
     conn: &Conn,
     k: Key,
     rec: Record,
     ttl: Interval,
     fingerprint: Option<&str>,
-    locked: bool,
-) -> (Claim, bool) {
-    let rec = match settled(rec, fingerprint) {
-        Ok(answer) => return (answer, false),
-        Err(pending) => pending,
-    };
-    if !locked || rec.lease_is_live() {
-        return (report(Outcome::InProgress, rec), false);
-    }
-    let [scope, key] = k.args();
-    if rec.attempts >= gucs::max_attempts() {
-        // A message whose consumer dies every time: stop handing it out.
-        let rows = conn.run_on(&MARK_POISON, rec.partition, &[scope, key, tid_arg(rec.tid)], Snap::Statement);
-        expect_one(&rows, "mark failed");
-        let answer = Claim {
-            outcome: Outcome::Failed,
-            token: None,
-            attempts: Some(rec.attempts),
-            payload: rows.get_document(0, 1),
-            expires_at: None,
-        };
-        return (answer, true);
-    }
-    let rows = conn.run_on(
-        &TAKE_OVER,
-        rec.partition,
-        &[scope, key, tid_arg(rec.tid), arg(fingerprint), arg(ttl)],
-        Snap::Statement,
+    lock: Option<KeyLock>,
+) -> Claim {
+    let decision = decide::claim(
+        rec.state,
+        rec.attempts,
+        rec.fingerprint.as_deref(),
+        fingerprint,
+        lock.is_some(),
+        xact::clock(),
+        gucs::max_attempts(),
     );
-    expect_one(&rows, "take over");
-    let answer = Claim {
-        outcome: Outcome::Claimed,
-        token: rows.get(0, 1),
-        attempts: rows.get(0, 2),
-        payload: None,
-        expires_at: rows.get_ts(0, 3),
-    };
-    (answer, true)
+    match decision {
+        ClaimDecision::Answer(answer) => {
+            if let Some(lock) = lock {
+                lock.release_if_only_read();
+            }
+            Claim::answer(answer, rec)
+        }
+        ClaimDecision::MarkPoison => {
+            let rows = conn.run_on(&MARK_POISON, rec.partition, &rec.row_args(k), Snap::Statement);
+            expect_one(&rows, "mark failed");
+            let error = rows.get_document(0, 1);
+            Claim { payload: error, ..Claim::answer(Answer::Failed, rec) }
+        }
+        ClaimDecision::TakeOver => {
+            let [scope, key, tid] = rec.row_args(k);
+            let rows = conn.run_on(
+                &TAKE_OVER,
+                rec.partition,
+                &[scope, key, tid, arg(fingerprint), arg(ttl)],
+                Snap::Statement,
+            );
+            expect_one(&rows, "take over");
+            Claim::claimed(rows.get(0, 1), rows.get(0, 2), rows.get_ts(0, 3))
+        }
+    }
 }
 
 /// Claims several keys of one scope in one go. Returns one claim per input key, in input
@@ -408,7 +365,7 @@ fn claim_existing(
 /// first occurrence can be `claimed` (the repeats are `in_progress`).
 pub fn claim_batch(scope: &str, keys: &[&str], ttl: Interval) -> Vec<Claim> {
     let conn = Conn::open();
-    partitions::ensure_covered(&conn, unsafe { pg_sys::GetCurrentTransactionStartTimestamp() });
+    partitions::ensure_covered(&conn, xact::start_time());
     let locks = lock_all(scope, keys);
     let distinct: Vec<&str> = locks.iter().map(|(key, _)| *key).collect();
     let mut found = lookup_many(&conn, scope, &distinct);
@@ -424,25 +381,12 @@ pub fn claim_batch(scope: &str, keys: &[&str], ttl: Interval) -> Vec<Claim> {
         for i in 0..rows.len() {
             let key: String = rows.get(i, 1).expect("key");
             let slot = *missing.iter().find(|m| **m == key).expect("inserted key was asked for");
-            answers.insert(
-                slot,
-                Claim {
-                    outcome: Outcome::Claimed,
-                    token: rows.get(i, 2),
-                    attempts: Some(1),
-                    payload: None,
-                    expires_at: rows.get_ts(i, 3),
-                },
-            );
+            answers.insert(slot, Claim::claimed(rows.get(i, 2), Some(1), rows.get_ts(i, 3)));
         }
     }
     for (key, lock) in locks {
         if let Some(rec) = found.remove(key) {
-            let (answer, wrote) = claim_existing(&conn, Key { scope, key }, rec, ttl, None, true);
-            if !wrote {
-                lock.release_if_only_read();
-            }
-            answers.insert(key, answer);
+            answers.insert(key, claim_existing(&conn, Key { scope, key }, rec, ttl, None, Some(lock)));
         }
     }
     let mut seen = std::collections::HashSet::with_capacity(distinct.len());
@@ -460,36 +404,23 @@ fn held(conn: &Conn, k: Key, token: Option<i64>) -> Record {
     check_held(k, lookup(conn, k), token)
 }
 
-/// The caller holds a key's lease when `token` is its current token, or when no token is given
-/// and this transaction made the claim. Anything else is an ERROR. A token that is not the key's
-/// latest is "lease lost" even when the key has been settled since: that is what its stale holder
-/// needs to hear.
+/// The record, when the caller holds the key's lease (see [`decide::holds`]); an ERROR otherwise.
 fn check_held(k: Key, rec: Option<Record>, token: Option<i64>) -> Record {
-    let Some(rec) = rec else { errors::unknown_key(k.scope, k.key) };
-    if let Some(given) = token {
-        if rec.token != Some(given) {
-            errors::lease_lost(k.scope, k.key, &format!("token {given} is not the current holder's"));
-        }
-    }
-    if rec.status != Status::Pending {
-        errors::already_terminal(k.scope, k.key, rec.status.as_str());
-    }
-    match rec.token {
-        None => errors::lease_lost(k.scope, k.key, "the key was released after a retryable failure"),
-        Some(_) if token.is_none() && !rec.written_by_this_transaction() => {
-            errors::lease_lost(k.scope, k.key, "no token given and the claim was made by another transaction")
-        }
-        Some(_) => rec,
+    let claimed_here = rec.as_ref().is_some_and(|r| xact::wrote(r.xmin));
+    match decide::holds(rec.as_ref().map(|r| r.state), token, claimed_here) {
+        Ok(()) => rec.expect("a held key has a record"),
+        Err(NotHeld::Unknown) => errors::unknown_key(k.scope, k.key),
+        Err(NotHeld::Settled(status)) => errors::already_terminal(k.scope, k.key, status),
+        Err(NotHeld::LeaseLost(why)) => errors::lease_lost(k.scope, k.key, &why),
     }
 }
 
 pub fn complete(k: Key, payload: Option<Document>, token: Option<i64>) {
     let conn = Conn::open();
     let rec = held(&conn, k, token);
-    let [scope, key] = k.args();
+    let [scope, key, tid] = rec.row_args(k);
     let payload = payload.map(|d| d.datum());
-    let rows =
-        conn.run_on(&COMPLETE, rec.partition, &[scope, key, tid_arg(rec.tid), payload], Snap::Statement);
+    let rows = conn.run_on(&COMPLETE, rec.partition, &[scope, key, tid, payload], Snap::Statement);
     expect_one(&rows, "complete");
 }
 
@@ -497,25 +428,22 @@ pub fn complete(k: Key, payload: Option<Document>, token: Option<i64>) {
 pub fn fail(k: Key, error: Option<Document>, retryable: bool, token: Option<i64>) -> &'static str {
     let conn = Conn::open();
     let rec = held(&conn, k, token);
-    let [scope, key] = k.args();
-    let terminal = !retryable || rec.attempts >= gucs::max_attempts();
-    let stmt = if terminal { &MARK_FAILED } else { &RELEASE };
+    let (stmt, left) = match decide::fail(retryable, rec.attempts, gucs::max_attempts()) {
+        FailDecision::Release => (&RELEASE, "released"),
+        FailDecision::MarkFailed => (&MARK_FAILED, "failed"),
+    };
+    let [scope, key, tid] = rec.row_args(k);
     let error = error.map(|d| d.datum());
-    let rows = conn.run_on(stmt, rec.partition, &[scope, key, tid_arg(rec.tid), error], Snap::Statement);
+    let rows = conn.run_on(stmt, rec.partition, &[scope, key, tid, error], Snap::Statement);
     expect_one(&rows, "fail");
-    if terminal {
-        "failed"
-    } else {
-        "released"
-    }
+    left
 }
 
 pub fn heartbeat(k: Key, ttl: Interval, token: Option<i64>) -> pg_sys::TimestampTz {
     let conn = Conn::open();
     let rec = held(&conn, k, token);
-    let [scope, key] = k.args();
-    let rows =
-        conn.run_on(&HEARTBEAT, rec.partition, &[scope, key, tid_arg(rec.tid), arg(ttl)], Snap::Statement);
+    let [scope, key, tid] = rec.row_args(k);
+    let rows = conn.run_on(&HEARTBEAT, rec.partition, &[scope, key, tid, arg(ttl)], Snap::Statement);
     expect_one(&rows, "heartbeat");
     rows.get_ts(0, 1).expect("expires_at")
 }
@@ -523,10 +451,10 @@ pub fn heartbeat(k: Key, ttl: Interval, token: Option<i64>) -> pg_sys::Timestamp
 /// True exactly once per key over all committed transactions.
 pub fn once(k: Key) -> bool {
     let conn = Conn::open();
-    partitions::ensure_covered(&conn, unsafe { pg_sys::GetCurrentTransactionStartTimestamp() });
+    partitions::ensure_covered(&conn, xact::start_time());
     let lock = keylock::lock_key(k.scope, k.key, true).expect("waited for the lock");
     if let Some(xmin) = Prober::open(k.scope).find(k.key, |t| t.xmin()) {
-        check_snapshot_sees(k, xmin);
+        check_visible(k, xmin);
         lock.release_if_only_read();
         return false;
     }
@@ -557,7 +485,7 @@ pub fn complete_batch(
 /// they are recorded as completed in the caller's transaction.
 pub fn once_batch(scope: &str, keys: &[&str]) -> Vec<String> {
     let conn = Conn::open();
-    partitions::ensure_covered(&conn, unsafe { pg_sys::GetCurrentTransactionStartTimestamp() });
+    partitions::ensure_covered(&conn, xact::start_time());
     let locks = lock_all(scope, keys);
     // Opened after the locks: its snapshot must see what their previous holders committed.
     let mut prober = Prober::open(scope);
@@ -565,7 +493,7 @@ pub fn once_batch(scope: &str, keys: &[&str]) -> Vec<String> {
     for (key, lock) in locks {
         match prober.find(key, |t| t.xmin()) {
             Some(xmin) => {
-                check_snapshot_sees(Key { scope, key }, xmin);
+                check_visible(Key { scope, key }, xmin);
                 lock.release_if_only_read();
             }
             None => fresh.push(key),

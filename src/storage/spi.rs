@@ -51,7 +51,7 @@ impl Conn {
         let mut caller_context = 0;
         unsafe {
             pg_sys::GetUserIdAndSecContext(&mut caller, &mut caller_context);
-            let owner = super::probe::records_owner();
+            let owner = super::catalog::records_owner();
             pg_sys::SetUserIdAndSecContext(
                 owner,
                 caller_context | pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32,
