@@ -13,6 +13,7 @@ use pgrx::prelude::*;
 use std::time::Duration;
 
 pub fn register() {
+    // SAFETY: reads a flag PostgreSQL sets while it loads shared_preload_libraries.
     if !unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
         return;
     }
@@ -48,6 +49,8 @@ pub extern "C-unwind" fn idem_launcher_main(_arg: pg_sys::Datum) {
             break; // SIGTERM or postmaster death
         }
         if BackgroundWorker::sighup_received() {
+            // SAFETY: re-reads the configuration files in the launcher's own process, as PostgreSQL's
+            // own background processes do after a SIGHUP; no transaction is open.
             unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
         }
     }
@@ -64,6 +67,7 @@ fn maintain(db: &str) {
         .set_start_time(BgWorkerStartTime::RecoveryFinished)
         .set_restart_time(None)
         .set_extra(db)
+        // SAFETY: reads this process's pid, set at process start.
         .set_notify_pid(unsafe { pg_sys::MyProcPid })
         .load_dynamic();
     match started {
@@ -103,7 +107,7 @@ pub extern "C-unwind" fn idem_maintenance_main(_arg: pg_sys::Datum) {
         if ready != Ok(Some(true)) {
             return None;
         }
-        storage::maintenance_round(unsafe { pg_sys::GetCurrentTransactionStartTimestamp() }, false)
+        storage::maintenance_round(storage::transaction_start(), false)
     });
     match round {
         Some(r) if r.did_something() => log!(

@@ -23,12 +23,17 @@ impl Document {
 
     /// Size of the stored (binary) document in bytes.
     pub fn size(&self) -> usize {
+        // SAFETY: the datum is a detoasted varlena (made so by from_datum or copy_out), valid in
+        // the memory context it was made in, which outlives this call.
         unsafe { pgrx::varlena::varsize_any(self.0.cast_mut_ptr()) }
     }
 
     /// Detoasts a datum read through SPI and copies it out of SPI's memory, which is freed when
     /// the SPI connection closes.
     pub fn copy_out(datum: pg_sys::Datum) -> Document {
+        // SAFETY: `datum` is a jsonb datum read by SPI or a probe while its tuple is pinned; it is
+        // detoasted into fresh memory, then copied byte for byte (its own varlena size) into SPI's
+        // upper memory context, which outlives the SPI connection.
         unsafe {
             let flat = pg_sys::pg_detoast_datum_packed(datum.cast_mut_ptr());
             let size = pgrx::varlena::varsize_any(flat);
@@ -44,6 +49,7 @@ impl FromDatum for Document {
         if is_null {
             None
         } else {
+            // SAFETY: a non-NULL jsonb argument or column, which PostgreSQL hands over valid for the call.
             Some(Document(pg_sys::Datum::from(unsafe {
                 pg_sys::pg_detoast_datum_packed(datum.cast_mut_ptr())
             })))
@@ -60,6 +66,7 @@ impl IntoDatum for Document {
     }
 }
 
+// SAFETY: jsonb is the SQL type of this datum in both directions, as declared here.
 unsafe impl SqlTranslatable for Document {
     const TYPE_IDENT: &'static str = concat!(module_path!(), "::Document");
     const TYPE_ORIGIN: TypeOrigin = TypeOrigin::External;
@@ -67,17 +74,22 @@ unsafe impl SqlTranslatable for Document {
     const RETURN_SQL: Result<ReturnsRef, ReturnsError> = Ok(ReturnsRef::One(SqlMappingRef::literal("jsonb")));
 }
 
+// SAFETY: the argument is unboxed with FromDatum above, which accepts any jsonb datum.
 unsafe impl<'fcx> ArgAbi<'fcx> for Document {
     unsafe fn unbox_arg_unchecked(arg: Arg<'_, 'fcx>) -> Self {
+        // SAFETY: the caller (pgrx's argument unboxing) guarantees a non-NULL jsonb argument here.
         unsafe { arg.unbox_arg_using_from_datum().expect("a non-null jsonb argument") }
     }
     unsafe fn unbox_nullable_arg(arg: Arg<'_, 'fcx>) -> Nullable<Self> {
+        // SAFETY: pgrx's argument unboxing hands over a jsonb argument, NULL or not.
         unsafe { arg.unbox_arg_using_from_datum().into() }
     }
 }
 
+// SAFETY: the datum returned is a jsonb varlena allocated in a context that outlives the call.
 unsafe impl BoxRet for Document {
     unsafe fn box_into<'fcx>(self, fcinfo: &mut FcInfo<'fcx>) -> Datum<'fcx> {
+        // SAFETY: `self.0` is a valid jsonb datum in the function's memory context.
         unsafe { fcinfo.return_raw_datum(self.0) }
     }
 }
@@ -92,6 +104,8 @@ impl Documents {
 
     /// The stored size of each element (None for a NULL element).
     pub fn sizes(&self) -> Vec<Option<usize>> {
+        // SAFETY: `self.0` is a detoasted jsonb[] (from from_datum); deconstruct_array fills the three
+        // out-pointers with arrays of `n` elements, which are read only below `n`.
         unsafe {
             let array = self.0.cast_mut_ptr::<pg_sys::ArrayType>();
             let mut elems: *mut pg_sys::Datum = std::ptr::null_mut();
@@ -125,6 +139,7 @@ impl FromDatum for Documents {
         if is_null {
             None
         } else {
+            // SAFETY: a non-NULL jsonb[] argument, valid for the call; detoasting copies it if needed.
             Some(Documents(pg_sys::Datum::from(unsafe { pg_sys::pg_detoast_datum(datum.cast_mut_ptr()) })))
         }
     }
@@ -139,6 +154,7 @@ impl IntoDatum for Documents {
     }
 }
 
+// SAFETY: jsonb[] is the SQL type of this datum, as declared here.
 unsafe impl SqlTranslatable for Documents {
     const TYPE_IDENT: &'static str = concat!(module_path!(), "::Documents");
     const TYPE_ORIGIN: TypeOrigin = TypeOrigin::External;
@@ -147,11 +163,14 @@ unsafe impl SqlTranslatable for Documents {
         Ok(ReturnsRef::One(SqlMappingRef::literal("jsonb[]")));
 }
 
+// SAFETY: the argument is unboxed with FromDatum above, which accepts any jsonb[] datum.
 unsafe impl<'fcx> ArgAbi<'fcx> for Documents {
     unsafe fn unbox_arg_unchecked(arg: Arg<'_, 'fcx>) -> Self {
+        // SAFETY: the caller (pgrx's argument unboxing) guarantees a non-NULL jsonb[] argument here.
         unsafe { arg.unbox_arg_using_from_datum().expect("a non-null jsonb[] argument") }
     }
     unsafe fn unbox_nullable_arg(arg: Arg<'_, 'fcx>) -> Nullable<Self> {
+        // SAFETY: pgrx's argument unboxing hands over a jsonb[] argument, NULL or not.
         unsafe { arg.unbox_arg_using_from_datum().into() }
     }
 }

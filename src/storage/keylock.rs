@@ -43,6 +43,7 @@ fn hash_key(scope: &str, key: &str) -> u64 {
 
 fn tag(hash: u64, namespace: u16) -> pg_sys::LOCKTAG {
     pg_sys::LOCKTAG {
+        // SAFETY: reads the backend's database oid, set once at connection start.
         locktag_field1: unsafe { pg_sys::MyDatabaseId }.to_u32(),
         locktag_field2: (hash >> 32) as u32,
         locktag_field3: hash as u32,
@@ -53,6 +54,8 @@ fn tag(hash: u64, namespace: u16) -> pg_sys::LOCKTAG {
 }
 
 fn acquire(hash: u64, namespace: u16, wait: bool) -> pg_sys::LockAcquireResult::Type {
+    // SAFETY: the lock tag is a local that outlives the call; an advisory lock of the user lock
+    // method in ExclusiveLock mode, held until the transaction ends (sessionLock false).
     unsafe { pg_sys::LockAcquire(&tag(hash, namespace), pg_sys::ExclusiveLock as i32, false, !wait) }
 }
 
@@ -70,6 +73,8 @@ impl KeyLock {
     /// the lock until commit, and so does one whose transaction held it already.
     pub fn release_if_only_read(self) {
         if self.fresh {
+            // SAFETY: releases the lock this call acquired (`fresh`), with the same tag and mode; a lock
+            // the transaction held before is never released here.
             unsafe {
                 pg_sys::LockRelease(&tag(self.hash, LOCK_NAMESPACE), pg_sys::ExclusiveLock as i32, false)
             };

@@ -4,7 +4,7 @@
 //! - `decide`: what a call does to one key (pure, unit-tested); `records`: reads and writes keys;
 //! - `offsets`: broker positions; `maintenance`: one retention round; `partitions`: time
 //!   partitions and their indexes; `partman`: the handover to pg_partman;
-//! - `probe`: index lookups without the executor; `spi`: saved plans, run as the table's owner;
+//! - `probe`: index lookups without the executor; `spi`: saved plans; `owner`: running as the table's owner;
 //!   `keylock`: the per-key lock; `catalog`: cached catalog facts; `xact`: transaction facts;
 //!   `document`: jsonb payloads passed through.
 mod catalog;
@@ -13,6 +13,7 @@ mod document;
 mod keylock;
 mod maintenance;
 mod offsets;
+mod owner;
 mod partitions;
 mod partman;
 mod probe;
@@ -27,6 +28,7 @@ pub use offsets::{
 };
 pub use partitions::premake as premake_partitions;
 pub use partman::handover as partman_handover;
+pub use xact::start_time as transaction_start;
 pub use records::{
     claim, claim_batch, complete, complete_batch, fail, heartbeat, once, once_batch, status, Key,
 };

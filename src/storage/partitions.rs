@@ -165,6 +165,8 @@ pub fn insert_target(conn: &Conn, ts: pg_sys::TimestampTz) -> pg_sys::Oid {
         if !(c.from <= ts && ts < c.to && c.partition != pg_sys::InvalidOid) {
             break;
         }
+        // SAFETY: locks an existing partition's oid for the insert that follows, as the executor would;
+        // if the partition was dropped meanwhile, the invalidation makes us look again below.
         unsafe { pg_sys::LockRelationOid(c.partition, pg_sys::RowExclusiveLock as i32) };
         if COVERED.with(|now| now.get().partition) == c.partition {
             return c.partition;

@@ -7,6 +7,7 @@
 //! executor, under the latest snapshot, taking the same `AccessShareLock`s the plan would, so
 //! visibility, HOT chains and SERIALIZABLE's predicate locks behave exactly as they did.
 use super::catalog::{self, Invalidated};
+use super::xact;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::cell::RefCell;
@@ -51,6 +52,9 @@ pub fn forget_layouts(what: Invalidated) {
 }
 
 /// The `(scope, key)` index of an open partition and its column numbers.
+///
+/// # Safety
+/// `part` is an open relation, a leaf partition of the record table.
 unsafe fn layout(part: pg_sys::Relation) -> Layout {
     let relid = (*part).rd_id;
     if let Some(found) = LAYOUTS.with(|l| l.borrow().get(&relid).copied()) {
@@ -91,6 +95,8 @@ unsafe fn layout(part: pg_sys::Relation) -> Layout {
     found
 }
 
+/// # Safety
+/// `rel` is an open relation.
 unsafe fn name_of(rel: pg_sys::Relation) -> String {
     std::ffi::CStr::from_ptr((*(*rel).rd_rel).relname.data.as_ptr()).to_string_lossy().into_owned()
 }
@@ -116,12 +122,16 @@ pub struct Prober {
 
 impl Prober {
     pub fn open(scope: &str) -> Prober {
+        // SAFETY: called inside a transaction (from a SQL function): the snapshot is registered and
+        // unregistered in `drop` (or released by the abort), every relation is opened and locked by
+        // PostgreSQL's own functions and kept open until `drop`, and each scan and slot belongs to the
+        // relation it was made for.
         unsafe {
             // Like a non-read-only SPI statement: make this transaction's earlier writes visible.
             pg_sys::CommandCounterIncrement();
             let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
             let mut leaves = Vec::new();
-            let horizon = pg_sys::GetCurrentTimestamp() + FUTURE_MARGIN_US;
+            let horizon = xact::clock() + FUTURE_MARGIN_US;
             collect_leaves(catalog::records_oid(), Some(horizon), &mut leaves);
             // Newest first: a duplicate is most likely a recent key.
             leaves.reverse();
@@ -144,6 +154,9 @@ impl Prober {
     pub fn find<T>(&mut self, key: &str, read: impl FnOnce(&Tuple) -> T) -> Option<T> {
         let key = key.into_datum().expect("text datum");
         for part in &self.parts {
+            // SAFETY: the scan, slot and index are those `open` made and keeps open; the scan keys live on
+            // this stack frame during the rescan; the tuple handed to `read` is pinned in the slot until
+            // ExecClearTuple.
             unsafe {
                 let mut keys: [pg_sys::ScanKeyData; 2] = Default::default();
                 for (i, (entry, value)) in keys.iter_mut().zip([self.scope, key]).enumerate() {
@@ -184,6 +197,10 @@ const FUTURE_MARGIN_US: i64 = 3600 * 1_000_000;
 /// The leaf partitions under `relid`, oldest range first (partition descriptors list partitions
 /// in bound order), each opened and locked; when `horizon` is given, without the partitions whose
 /// range starts after it.
+///
+/// # Safety
+/// Inside a transaction; `relid` is the record table or one of its partitions. The caller closes
+/// the relations it gets (their locks stay until the transaction ends).
 unsafe fn collect_leaves(
     relid: pg_sys::Oid,
     horizon: Option<pg_sys::TimestampTz>,
@@ -214,6 +231,9 @@ unsafe fn collect_leaves(
 
 /// The lower bound of each partition of a range-partitioned table on one timestamptz column,
 /// by position in the partition descriptor; None where unknown (a default partition, MINVALUE).
+///
+/// # Safety
+/// `desc` is the partition descriptor of an open partitioned table, valid while it stays open.
 unsafe fn range_starts(desc: pg_sys::PartitionDesc) -> Vec<Option<pg_sys::TimestampTz>> {
     let mut starts = vec![None; (*desc).nparts as usize];
     let bounds = (*desc).boundinfo;
@@ -240,6 +260,8 @@ impl Drop for Prober {
         if std::thread::panicking() {
             return;
         }
+        // SAFETY: releases exactly what `open` acquired, once: slots, scans, relations (their locks stay
+        // to the end of the transaction, as a query's would) and the registered snapshot.
         unsafe {
             for part in &self.parts {
                 pg_sys::ExecDropSingleTupleTableSlot(part.slot);
@@ -262,12 +284,15 @@ pub struct Tuple<'a> {
 impl Tuple<'_> {
     fn raw(&self, col: Col) -> Option<pg_sys::Datum> {
         let mut isnull = false;
+        // SAFETY: the slot holds a pinned tuple of this partition (see `find`) and the column number
+        // comes from the partition's own tuple descriptor.
         let datum = unsafe { pg_sys::slot_getattr(self.slot, self.columns[col as usize], &mut isnull) };
         (!isnull).then_some(datum)
     }
 
     /// A column copied into `T`.
     pub fn get<T: FromDatum>(&self, col: Col) -> Option<T> {
+        // SAFETY: a non-NULL datum of the column's own type, read from the pinned tuple.
         self.raw(col).and_then(|d| unsafe { T::from_datum(d, false) })
     }
 
@@ -288,12 +313,14 @@ impl Tuple<'_> {
 
     /// This row version's ctid.
     pub fn tid(&self) -> pg_sys::ItemPointerData {
+        // SAFETY: the slot is valid while the tuple is pinned (see `find`).
         unsafe { (*self.slot).tts_tid }
     }
 
     /// The inserting transaction of this row version.
     pub fn xmin(&self) -> pg_sys::TransactionId {
         let mut isnull = false;
+        // SAFETY: xmin is a system attribute every heap tuple has; the slot holds a pinned heap tuple.
         let datum = unsafe {
             pg_sys::slot_getsysattr(self.slot, pg_sys::MinTransactionIdAttributeNumber, &mut isnull)
         };

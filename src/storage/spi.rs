@@ -4,6 +4,7 @@
 //! statement under a snapshot of our choosing. The record lookups need exactly that: after waiting
 //! for a key's lock they must see what the previous holder committed, even under REPEATABLE READ,
 //! so they run under the latest snapshot (as PostgreSQL's foreign-key checks do).
+use super::owner::AsOwner;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::cell::RefCell;
@@ -32,43 +33,22 @@ pub enum Snap {
 }
 
 /// An open SPI connection that runs as the owner of the record table, with `pg_catalog` as the
-/// only search path; closed, and the caller's role and search path given back, when dropped.
-///
-/// This is what `SECURITY DEFINER ... SET search_path` would do for the consumer functions,
-/// without its cost: that wrapper saves and restores the GUC state and invalidates the cached
-/// search path at every call (measured: 10-17% of `idem_once`'s throughput). Consumers hold no
-/// privilege on the storage, and a caller's schemas never shadow an operator or function of our
-/// statements. On an ERROR, PostgreSQL's (sub)transaction abort closes SPI, pops the search
-/// path and restores the role, so nothing is done while unwinding.
+/// only search path (see [`AsOwner`]); closed, and the caller's role and search path given back,
+/// when dropped. On an ERROR, PostgreSQL's (sub)transaction abort closes SPI itself.
 pub struct Conn {
-    caller: pg_sys::Oid,
-    caller_context: i32,
+    _as_owner: AsOwner,
 }
 
 impl Conn {
     pub fn open() -> Conn {
-        let mut caller = pg_sys::InvalidOid;
-        let mut caller_context = 0;
-        unsafe {
-            pg_sys::GetUserIdAndSecContext(&mut caller, &mut caller_context);
-            let owner = super::catalog::records_owner();
-            pg_sys::SetUserIdAndSecContext(
-                owner,
-                caller_context | pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32,
-            );
-            let mut path = pg_sys::OverrideSearchPath {
-                schemas: std::ptr::null_mut(),
-                addCatalog: true,
-                addTemp: false,
-                generation: 0,
-            };
-            pg_sys::PushOverrideSearchPath(&mut path);
-            let rc = pg_sys::SPI_connect();
-            if rc < 0 {
-                panic!("SPI_connect failed: {rc}");
-            }
+        let as_owner = AsOwner::switch();
+        // SAFETY: SPI_connect only pushes a new SPI stack level; it is popped by SPI_finish in
+        // `drop`, or by the transaction's abort.
+        let rc = unsafe { pg_sys::SPI_connect() };
+        if rc < 0 {
+            panic!("SPI_connect failed: {rc}");
         }
-        Conn { caller, caller_context }
+        Conn { _as_owner: as_owner }
     }
 
     fn plan(&self, stmt: &'static Stmt, partition: pg_sys::Oid) -> pg_sys::SPIPlanPtr {
@@ -84,6 +64,8 @@ impl Conn {
         };
         let sql = CString::new(sql).expect("statement text has no NUL");
         let mut types = stmt.args.to_vec();
+        // SAFETY: `sql` is NUL-terminated and `types` holds one type oid per parameter, both alive across
+        // the call; the plan is checked for NULL and kept (SPI_keepplan) before any other SPI call.
         let plan = unsafe {
             // Generic plans only: a custom plan would be re-planned at every call (our updates
             // name one partition through $3, which makes custom plans look cheaper), and planning
@@ -137,6 +119,8 @@ impl Conn {
             args.iter().map(|a| a.unwrap_or(pg_sys::Datum::from(0usize))).collect();
         let nulls: Vec<std::os::raw::c_char> =
             args.iter().map(|a| if a.is_some() { b' ' } else { b'n' } as std::os::raw::c_char).collect();
+        // SAFETY: the plan is a kept plan of this statement; `values` and `nulls` hold one entry per
+        // parameter (asserted above) and live across the call; the latest snapshot is only read.
         let rc = unsafe {
             match snap {
                 Snap::Statement => {
@@ -163,6 +147,7 @@ impl Conn {
     /// Runs a one-off statement built at run time (DDL, or SQL naming a schema found at run time).
     pub fn execute(&self, sql: &str) -> Rows<'_> {
         let sql = CString::new(sql).expect("statement text has no NUL");
+        // SAFETY: `sql` is NUL-terminated and lives across the call; SPI is connected (`self`).
         let rc = unsafe { pg_sys::SPI_execute(sql.as_ptr(), false, 0) };
         if rc < 0 {
             panic!("SPI_execute failed ({rc})");
@@ -173,18 +158,19 @@ impl Conn {
 
 impl Drop for Conn {
     fn drop(&mut self) {
+        // Before the role and search path are given back (the field is dropped after this).
         if !std::thread::panicking() {
-            unsafe {
-                pg_sys::SPI_finish();
-                pg_sys::PopOverrideSearchPath();
-                pg_sys::SetUserIdAndSecContext(self.caller, self.caller_context);
-            }
+            // SAFETY: closes the SPI level `open` pushed; nothing of it is used afterwards (rows
+            // borrow the connection, so they are gone).
+            unsafe { pg_sys::SPI_finish() };
         }
     }
 }
 
 /// `schema.table` for a relation, quoted.
 fn qualified_name(relid: pg_sys::Oid) -> String {
+    // SAFETY: the relation exists (checked for a NULL name); both names are palloc'd C strings
+    // read at once.
     unsafe {
         let name = pg_sys::get_rel_name(relid);
         if name.is_null() {
@@ -206,6 +192,7 @@ fn forget_dropped_partitions() {
         p.borrow()
             .keys()
             .filter(|(_, part)| {
+                // SAFETY: a syscache lookup by oid, NULL for a dropped relation.
                 *part != pg_sys::InvalidOid && unsafe { pg_sys::get_rel_name(*part) }.is_null()
             })
             .copied()
@@ -213,6 +200,7 @@ fn forget_dropped_partitions() {
     });
     for id in gone {
         if let Some(plan) = PLANS.with(|p| p.borrow_mut().remove(&id)) {
+            // SAFETY: a plan this backend prepared and kept, removed from the map so it is freed once.
             unsafe { pg_sys::SPI_freeplan(plan) };
         }
     }
@@ -227,6 +215,8 @@ pub struct Rows<'c> {
 
 impl<'c> Rows<'c> {
     fn current(_conn: &'c Conn) -> Rows<'c> {
+        // SAFETY: reads SPI's globals right after the statement that set them; the rows borrow the
+        // connection, so the tuple table is not freed while they live.
         unsafe {
             let table = pg_sys::SPI_tuptable;
             let len = pg_sys::SPI_processed as usize;
@@ -241,6 +231,7 @@ impl<'c> Rows<'c> {
     fn raw(&self, row: usize, col: usize) -> Option<pg_sys::Datum> {
         assert!(row < self.len && !self.table.is_null(), "row {row} out of range");
         let mut isnull = false;
+        // SAFETY: `row` is within the result (asserted) and the tuple table lives as long as `self`.
         let datum = unsafe {
             let table = &*self.table;
             let tuple = *table.vals.add(row);
@@ -256,6 +247,7 @@ impl<'c> Rows<'c> {
     /// Column `col` (1-based) of row `row` (0-based), copied into `T`.
     pub fn get<T: FromDatum>(&self, row: usize, col: usize) -> Option<T> {
         let datum = self.raw(row, col)?;
+        // SAFETY: a non-NULL datum of the column's type, from a live SPI tuple table.
         unsafe { T::from_datum(datum, false) }
     }
 
@@ -282,6 +274,8 @@ pub fn ts_arg(ts: pg_sys::TimestampTz) -> Option<pg_sys::Datum> {
 
 /// A tid argument (a row version's ctid), copied into the current memory context.
 pub fn tid_arg(tid: pg_sys::ItemPointerData) -> Option<pg_sys::Datum> {
+    // SAFETY: palloc'd memory of the tid's size is written once and handed to SPI as the
+    // argument's datum, in the current memory context.
     unsafe {
         let copy =
             pg_sys::palloc(std::mem::size_of::<pg_sys::ItemPointerData>()) as *mut pg_sys::ItemPointerData;
@@ -290,18 +284,24 @@ pub fn tid_arg(tid: pg_sys::ItemPointerData) -> Option<pg_sys::Datum> {
     }
 }
 
-fn quoted(raw: *const std::os::raw::c_char) -> String {
+/// # Safety
+/// `raw` is a NUL-terminated string that lives across the call (PostgreSQL's palloc'd result).
+unsafe fn quoted(raw: *const std::os::raw::c_char) -> String {
+    // SAFETY: as the caller promises.
     unsafe { std::ffi::CStr::from_ptr(raw) }.to_string_lossy().into_owned()
 }
 
 /// PostgreSQL's `quote_ident()`, for DDL built at run time.
 pub fn quote_ident(ident: &str) -> String {
     let c = CString::new(ident).expect("identifier has no NUL");
-    quoted(unsafe { pg_sys::quote_identifier(c.as_ptr()) })
+    // SAFETY: `c` is NUL-terminated and outlives the call; the result is a palloc'd C string
+    // (or `c` itself), valid while `c` lives.
+    unsafe { quoted(pg_sys::quote_identifier(c.as_ptr())) }
 }
 
 /// PostgreSQL's `quote_literal()`, for DDL built at run time.
 pub fn quote_literal(text: &str) -> String {
     let c = CString::new(text).expect("literal has no NUL");
-    quoted(unsafe { pg_sys::quote_literal_cstr(c.as_ptr()) })
+    // SAFETY: `c` is NUL-terminated and outlives the call; the result is a palloc'd C string.
+    unsafe { quoted(pg_sys::quote_literal_cstr(c.as_ptr())) }
 }
