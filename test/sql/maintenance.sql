@@ -49,6 +49,10 @@ SELECT name, context FROM pg_settings
 WHERE name IN ('idempotency.retention', 'idempotency.reclaim_after', 'idempotency.partition_manager',
                'idempotency.drop_lock_timeout', 'idempotency.maintenance_interval', 'idempotency.database')
 ORDER BY name;
+-- Every setting of the extension says what it is for, in both descriptions.
+SELECT count(*) AS settings, count(*) FILTER (WHERE coalesce(short_desc, '') = '' OR coalesce(extra_desc, '') = '')
+       AS without_description
+FROM pg_settings WHERE name LIKE 'idempotency.%';
 
 -----------------------------------------------------------------------------
 -- After CREATE EXTENSION: no partition (a restored dump brings its own); the
