@@ -57,7 +57,14 @@ impl SetBy {
 impl Int {
     fn register(&'static self) {
         GucRegistry::define_int_guc(
-            self.name, self.short, self.long, &self.value, self.min, self.max, self.set_by.context(), self.flags,
+            self.name,
+            self.short,
+            self.long,
+            &self.value,
+            self.min,
+            self.max,
+            self.set_by.context(),
+            self.flags,
         );
     }
 }
@@ -67,7 +74,8 @@ const DAY_S: i32 = 24 * 60 * 60;
 static LEASE_TTL: Int = Int {
     name: c"idempotency.lease_ttl",
     short: c"Lease length used when idem_claim or idem_heartbeat get ttl => NULL.",
-    long: c"A claim in two-transaction mode is owned until its lease ends; then the next claim takes it over.",
+    long:
+        c"A claim in two-transaction mode is owned until its lease ends; then the next claim takes it over.",
     value: GucSetting::<i32>::new(5 * 60 * 1000),
     min: 1,
     max: i32::MAX,

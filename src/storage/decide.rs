@@ -22,9 +22,13 @@ pub enum Lease {
 pub enum State {
     Pending(Lease),
     /// Settled; `token` is the last holder's (replayed to later claims).
-    Completed { token: Option<i64> },
+    Completed {
+        token: Option<i64>,
+    },
     /// Settled for good (a terminal failure, or a poison message); `token` is the last holder's.
-    Failed { token: Option<i64> },
+    Failed {
+        token: Option<i64>,
+    },
 }
 
 impl State {
@@ -150,9 +154,9 @@ pub fn holds(state: Option<State>, token: Option<i64>, claimed_here: bool) -> Re
         State::Pending(Lease::Released { .. }) => {
             Err(NotHeld::LeaseLost("the key was released after a retryable failure".into()))
         }
-        State::Pending(Lease::Held { .. }) if token.is_none() && !claimed_here => Err(NotHeld::LeaseLost(
-            "no token given and the claim was made by another transaction".into(),
-        )),
+        State::Pending(Lease::Held { .. }) if token.is_none() && !claimed_here => {
+            Err(NotHeld::LeaseLost("no token given and the claim was made by another transaction".into()))
+        }
         State::Pending(Lease::Held { .. }) => Ok(()),
     }
 }
@@ -233,7 +237,9 @@ mod tests {
 
     #[test]
     fn a_fingerprint_mismatch_wins_over_everything() {
-        for state in [HELD, EXPIRED, RELEASED, State::Completed { token: None }, State::Failed { token: None }] {
+        for state in
+            [HELD, EXPIRED, RELEASED, State::Completed { token: None }, State::Failed { token: None }]
+        {
             assert_eq!(
                 claim(state, 1, Some("a"), Some("b"), true, NOW, 5),
                 ClaimDecision::Answer(Answer::Mismatch)

@@ -28,10 +28,10 @@ pub use offsets::{
 };
 pub use partitions::premake as premake_partitions;
 pub use partman::handover as partman_handover;
-pub use xact::start_time as transaction_start;
 pub use records::{
     claim, claim_batch, complete, complete_batch, fail, heartbeat, once, once_batch, status, Key,
 };
+pub use xact::start_time as transaction_start;
 
 /// Process start: the relcache callback that keeps the cached catalog facts true.
 pub fn init() {

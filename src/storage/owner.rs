@@ -24,7 +24,10 @@ impl AsOwner {
         // as SECURITY DEFINER functions do.
         unsafe {
             pg_sys::GetUserIdAndSecContext(&mut caller, &mut caller_context);
-            pg_sys::SetUserIdAndSecContext(owner, caller_context | pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32);
+            pg_sys::SetUserIdAndSecContext(
+                owner,
+                caller_context | pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32,
+            );
         }
         let mut path = pg_sys::OverrideSearchPath {
             schemas: std::ptr::null_mut(),

@@ -39,7 +39,6 @@ struct Coverage {
     partition: pg_sys::Oid,
 }
 
-
 /// Slots from `$1`'s slot to `$3` intervals ahead that no existing partition overlaps, each as
 /// the DDL that creates it and its indexes. `$2` is the partition interval. The record table has
 /// no index of its own (a partitioned index would make every restored partition's index collide
@@ -213,7 +212,11 @@ pub fn drop_expired(conn: &Conn, as_of: pg_sys::TimestampTz) -> Dropped {
     };
     let mut done = Dropped::default();
     for name in names {
-        let rows = conn.run(&DROP, &[arg(name.as_str()), arg(gucs::drop_lock_timeout().as_millis() as i32)], Snap::Statement);
+        let rows = conn.run(
+            &DROP,
+            &[arg(name.as_str()), arg(gucs::drop_lock_timeout().as_millis() as i32)],
+            Snap::Statement,
+        );
         if rows.get::<bool>(0, 1) == Some(true) {
             done.dropped += 1;
         } else {

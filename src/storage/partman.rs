@@ -16,7 +16,8 @@ static PARTMAN: Stmt = Stmt {
            WHERE e.extname = 'pg_partman'",
     args: &[],
 };
-static FIRST_PARTITION: Stmt = Stmt { sql: "SELECT min(range_from)::text FROM idempotency.partitions", args: &[] };
+static FIRST_PARTITION: Stmt =
+    Stmt { sql: "SELECT min(range_from)::text FROM idempotency.partitions", args: &[] };
 
 /// Registers the record table with pg_partman (or refreshes its retention and premake), gives the
 /// template table and the existing partitions their indexes. Returns what it did, for the DBA.

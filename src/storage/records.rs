@@ -267,9 +267,13 @@ impl Claim {
                 payload: rec.document,
                 expires_at: None,
             },
-            Answer::Failed => {
-                Claim { outcome: Outcome::Failed, token: None, attempts, payload: rec.document, expires_at: None }
-            }
+            Answer::Failed => Claim {
+                outcome: Outcome::Failed,
+                token: None,
+                attempts,
+                payload: rec.document,
+                expires_at: None,
+            },
             Answer::InProgress => Claim {
                 outcome: Outcome::InProgress,
                 token: None,
