@@ -143,6 +143,7 @@ def main():
     rnd = random.Random(SEED or run_id)
     with connect() as conn:
         conn.execute("CREATE EXTENSION IF NOT EXISTS idempotency")
+        conn.execute("SELECT FROM idem_maintenance()")  # its first partitions
         conn.execute(
             "CREATE TABLE IF NOT EXISTS demo_ledger ("
             " id bigserial PRIMARY KEY, run_id text NOT NULL, msg_id text NOT NULL,"

@@ -12,5 +12,5 @@ EXAMPLES="$ROOT/examples"
 fresh_db() {
   PGOPTIONS="-c client_min_messages=warning" "$ROOT/scripts/cluster" psql -q -v ON_ERROR_STOP=1 -d postgres \
     -c "DROP DATABASE IF EXISTS $1 WITH (FORCE)" -c "CREATE DATABASE $1" >/dev/null
-  "$ROOT/scripts/cluster" psql -q -v ON_ERROR_STOP=1 -d "$1" -c "CREATE EXTENSION idempotency" >/dev/null
+  "$ROOT/scripts/cluster" psql -q -v ON_ERROR_STOP=1 -d "$1" -c "CREATE EXTENSION idempotency" -c "SELECT FROM idem_maintenance()" >/dev/null
 }

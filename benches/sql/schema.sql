@@ -3,6 +3,7 @@
 -- their authors write them: a plain primary key, default collation, no tuning.
 
 CREATE EXTENSION IF NOT EXISTS idempotency;
+SELECT FROM idem_maintenance();  -- its first partitions
 
 -- The consumer: an ordinary login role with the extension's consumer grant, as in production.
 CREATE ROLE bench LOGIN IN ROLE idempotency_consumer;

@@ -171,6 +171,7 @@ def setup_db(dsn, db):
         c.execute(f"CREATE DATABASE {db}")
     with psycopg.connect(dsn + f" dbname={db}", autocommit=True) as c:
         c.execute("CREATE EXTENSION idempotency")
+        c.execute("SELECT FROM idem_maintenance()")  # its first partitions
         c.execute("""
             CREATE SCHEMA e2e;
             CREATE SEQUENCE e2e.epoch;
