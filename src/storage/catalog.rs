@@ -37,7 +37,10 @@ pub fn init(listeners: &'static [fn(Invalidated)]) {
 /// reset of every relation).
 #[pg_guard]
 unsafe extern "C-unwind" fn forget(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
-    let what = if relid == pg_sys::InvalidOid || relid == RECORDS_OID.with(|r| r.get()) {
+    // Without the record table's oid at hand, any relation may be it: forget everything rather
+    // than keep a partition that is gone (the oid is cached again at the next lookup).
+    let records = RECORDS_OID.with(|r| r.get());
+    let what = if relid == pg_sys::InvalidOid || records == pg_sys::InvalidOid || relid == records {
         RECORDS_OID.with(|r| r.set(pg_sys::InvalidOid));
         RECORDS_OWNER.with(|r| r.set(pg_sys::InvalidOid));
         Invalidated::RecordTable
