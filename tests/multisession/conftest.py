@@ -11,7 +11,7 @@ import subprocess
 import psycopg
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 PORT = int(os.environ.get("IDEM_TEST_PORT", "54332"))
 SOCKDIR = os.environ.get("IDEM_TEST_SOCKDIR", f"/tmp/idem-sock-{PORT}")
 PGDATA = os.environ.get("IDEM_TEST_PGDATA", f"/tmp/idem-data-{PORT}")

@@ -13,7 +13,7 @@ import time
 import psycopg
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 PORT = int(os.environ.get("IDEM_WORKER_TEST_PORT", "54333"))
 SOCKDIR = f"/tmp/idem-sock-{PORT}"
 PGDATA = f"/tmp/idem-data-{PORT}"
