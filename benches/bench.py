@@ -22,15 +22,18 @@ import time
 import psycopg
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+import pgtools  # noqa: E402 - where PostgreSQL is (pg_config)
+
 BENCH = os.path.join(ROOT, "benches")
 SQL = os.path.join(BENCH, "sql")
-PG_BIN = "/usr/lib/postgresql/15/bin"
+PG_BIN = str(pgtools.pg().bindir)
 PGBENCH = os.path.join(PG_BIN, "pgbench")
-SO_PATH = "/usr/lib/postgresql/15/lib/idempotency.so"
+SO_PATH = str(pgtools.pg().pkglibdir / "idempotency.so")
 
 PORT = os.environ["IDEM_PORT"]
 SOCK = os.environ["IDEM_SOCKDIR"]
-REDIS_PORT = os.environ.get("IDEM_REDIS_PORT", "6390")
+REDIS_PORT = os.environ.get("IDEM_REDIS_PORT") or str(pgtools.port("bench-redis"))
 REDIS_DIR = os.environ.get("IDEM_REDIS_DIR", f"/tmp/idem-redis-{REDIS_PORT}")
 REDIS_PIDFILE = os.environ.get("IDEM_REDIS_PIDFILE", f"/tmp/idem-redis-{REDIS_PORT}.pid")
 LOGDIR = f"/tmp/idem-bench-logs-{PORT}"
