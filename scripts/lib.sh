@@ -40,5 +40,29 @@ export PATH="$HOME/.cargo/bin:$PATH"
 
 log() { printf '==> %s\n' "$*" >&2; }
 
+# What the build and the tests need from Debian (scripts/install-deps installs them, scripts/test checks
+# them), and what only the benchmarks need.
+TEST_DEB_PACKAGES=(postgresql-15 postgresql-server-dev-15 postgresql-15-partman libclang-dev clang pkg-config sudo
+                   python3-venv)
+BENCH_DEB_PACKAGES=(redis-server)
+# missing_debs PKG...: the packages of the list that are not installed, one per line.
+missing_debs() { local p; for p in "$@"; do dpkg -s "$p" >/dev/null 2>&1 || echo "$p"; done; }
+
+# require_venv [MODULE...]: succeeds when the project's .venv imports psycopg and the modules given;
+# otherwise says what is missing and the command that installs it, and fails (status 2).
+require_venv() {
+  local mods; mods="$(printf ', %s' psycopg "$@")"; mods="${mods:2}"
+  if [ -x "$ROOT/.venv/bin/python" ] && "$ROOT/.venv/bin/python" -c "import $mods" 2>/dev/null; then
+    return 0
+  fi
+  echo "missing: the project's Python venv $ROOT/.venv with $mods" >&2
+  if [ -x "$ROOT/.venv/bin/python" ]; then
+    echo "  install with: $ROOT/.venv/bin/pip install -r $ROOT/tests/requirements.txt   (or scripts/install-deps)" >&2
+  else
+    echo "  install with: scripts/install-deps" >&2
+  fi
+  return 2
+}
+
 # Run a command as the postgres OS user (initdb refuses root).
 as_postgres() { if [ "$(id -un)" = postgres ]; then "$@"; else sudo -u postgres -H "$@"; fi; }
