@@ -2,15 +2,67 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PGRX_VERSION="0.18.1"
-PG_BIN="/usr/lib/postgresql/15/bin"
-PG_CONFIG="$PG_BIN/pg_config"
-PGXS_DIR="/usr/lib/postgresql/15/lib/pgxs"
-export IDEM_PORT="${IDEM_PORT:-54329}"
+
+# Where PostgreSQL is, as its pg_config says (tests/pgtools.py finds it the same way): PG_CONFIG overrides,
+# else the pg_config on PATH, else Debian's PostgreSQL 15 one. Before PostgreSQL is installed
+# (scripts/install-deps) the directories are Debian's, where it will be.
+PG_CONFIG="${PG_CONFIG:-$(command -v pg_config || echo /usr/lib/postgresql/15/bin/pg_config)}"
+if PG_BIN="$("$PG_CONFIG" --bindir 2>/dev/null)"; then
+  # The real pg_config beside the server, not a wrapper such as Debian's /usr/bin/pg_config.
+  [ -x "$PG_BIN/pg_config" ] && PG_CONFIG="$PG_BIN/pg_config"
+  PG_PKGLIBDIR="$("$PG_CONFIG" --pkglibdir)"
+  PG_SHAREDIR="$("$PG_CONFIG" --sharedir)"
+  PGXS_DIR="$(dirname "$(dirname "$(dirname "$("$PG_CONFIG" --pgxs)")")")"   # .../lib/pgxs
+else
+  PG_BIN="/usr/lib/postgresql/15/bin"
+  PG_PKGLIBDIR="/usr/lib/postgresql/15/lib"
+  PG_SHAREDIR="/usr/share/postgresql/15"
+  PGXS_DIR="/usr/lib/postgresql/15/lib/pgxs"
+fi
+
+# port_of NAME [I]: the I-th port (default the first) of NAME's range in tests/ports, the one list of
+# the ports every script, test, benchmark and example uses. port_range NAME: "FIRST LAST".
+port_range() {
+  awk -v n="$1" '$1 == n { print $2, $3; found = 1 } END { exit !found }' "$ROOT/tests/ports" \
+    || { echo "no port range '$1' in tests/ports" >&2; return 1; }
+}
+port_of() {
+  local first last
+  read -r first last < <(port_range "$1") || return 1
+  [ $((first + ${2:-0})) -le "$last" ] || { echo "port $1 ${2:-0}: beyond $first-$last (tests/ports)" >&2; return 1; }
+  echo $((first + ${2:-0}))
+}
+
+export IDEM_PORT="${IDEM_PORT:-$(port_of default)}"
 export IDEM_SOCKDIR="${IDEM_SOCKDIR:-/tmp/idem-sock-$IDEM_PORT}"
 export IDEM_PGDATA="${IDEM_PGDATA:-/tmp/idem-data-$IDEM_PORT}"
 export PATH="$HOME/.cargo/bin:$PATH"
 
 log() { printf '==> %s\n' "$*" >&2; }
+
+# What the build and the tests need from Debian (scripts/install-deps installs them, scripts/test checks
+# them), and what only the benchmarks need.
+TEST_DEB_PACKAGES=(postgresql-15 postgresql-server-dev-15 postgresql-15-partman libclang-dev clang pkg-config sudo
+                   python3-venv)
+BENCH_DEB_PACKAGES=(redis-server)
+# missing_debs PKG...: the packages of the list that are not installed, one per line.
+missing_debs() { local p; for p in "$@"; do dpkg -s "$p" >/dev/null 2>&1 || echo "$p"; done; }
+
+# require_venv [MODULE...]: succeeds when the project's .venv imports psycopg and the modules given;
+# otherwise says what is missing and the command that installs it, and fails (status 2).
+require_venv() {
+  local mods; mods="$(printf ', %s' psycopg "$@")"; mods="${mods:2}"
+  if [ -x "$ROOT/.venv/bin/python" ] && "$ROOT/.venv/bin/python" -c "import $mods" 2>/dev/null; then
+    return 0
+  fi
+  echo "missing: the project's Python venv $ROOT/.venv with $mods" >&2
+  if [ -x "$ROOT/.venv/bin/python" ]; then
+    echo "  install with: $ROOT/.venv/bin/pip install -r $ROOT/tests/requirements.txt   (or scripts/install-deps)" >&2
+  else
+    echo "  install with: scripts/install-deps" >&2
+  fi
+  return 2
+}
 
 # Run a command as the postgres OS user (initdb refuses root).
 as_postgres() { if [ "$(id -un)" = postgres ]; then "$@"; else sudo -u postgres -H "$@"; fi; }

@@ -11,9 +11,6 @@ from dataclasses import dataclass
 import psycopg
 from psycopg.types.json import Jsonb
 
-# What a client retries: the whole transaction, from BEGIN.
-RETRY_SQLSTATES = ("40001", "40P01")
-
 
 @dataclass
 class Claim:

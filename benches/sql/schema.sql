@@ -3,7 +3,9 @@
 -- their authors write them: a plain primary key, default collation, no tuning.
 
 CREATE EXTENSION IF NOT EXISTS idempotency;
-SELECT FROM idem_maintenance();  -- its first partitions
+-- Its first partitions (the current one and idempotency.premake ahead): since 0.2.0 CREATE EXTENSION
+-- makes none, and reset.sql writes straight into idempotency.records.
+SELECT FROM idem_maintenance();
 
 -- The consumer: an ordinary login role with the extension's consumer grant, as in production.
 CREATE ROLE bench LOGIN IN ROLE idempotency_consumer;

@@ -34,6 +34,9 @@ import psycopg
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 from psycopg.types.json import Jsonb
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from pgtools import RETRY_SQLSTATES  # noqa: E402 - 40001, 40P01: the whole transaction again
+
 CID = sys.argv[1]
 ENV = os.environ
 RUN_DIR, TOPIC, GROUP = ENV["E2E_RUN_DIR"], ENV["E2E_TOPIC"], ENV["E2E_GROUP"]
@@ -268,7 +271,9 @@ class Worker:
                         "in_batch_repeat": sum(o == "in_progress" for (o,) in outcome)}, last
             except psycopg.errors.ObjectInUse as e:  # 55006: a newer generation owns a partition
                 raise Fenced(str(e).splitlines()[0])
-            except (psycopg.errors.SerializationFailure, psycopg.errors.DeadlockDetected):
+            except psycopg.Error as e:
+                if e.sqlstate not in RETRY_SQLSTATES:
+                    raise
                 time.sleep(0.05 * (attempt + 1))
         raise RuntimeError("ledger transaction kept failing")
 

@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 import psycopg
 from psycopg.adapt import Dumper
 
-from harness import Cluster, close_quietly, log, rust_internals, table_digest
+from harness import Cluster, close_quietly, log, port, rust_internals, table_digest
 
-PORT = 54352
+PORT = port(2)
 DB = "badinput"
 SEQ_DB = "badinput_seq"
 OK = "ok"

@@ -6,10 +6,10 @@ and in two-transaction mode (short leases that expire under slow consumers). See
 """
 import time
 
-from harness import Cluster, log, seeded
+from harness import Cluster, log, port, seeded
 from workload import BUSINESS_DDL, Run, Settings, build_stream
 
-PORT = 54350
+PORT = port(0)
 DB = "torture"
 LEVELS = (("rc", "READ COMMITTED"), ("rr", "REPEATABLE READ"), ("ser", "SERIALIZABLE"))
 MODES = ("1tx", "2tx")

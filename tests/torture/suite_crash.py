@@ -18,10 +18,10 @@ import signal
 import threading
 import time
 
-from harness import Cluster, close_quietly, crash_lines, kill9, log, seeded
+from harness import Cluster, close_quietly, crash_lines, kill9, log, port, seeded
 from workload import BUSINESS_DDL, Run, Settings, build_stream
 
-PORT = 54351
+PORT = port(1)
 DB = "crash"
 LEVELS = ("READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE")
 KINDS = ("kill -9 backend", "immediate stop + start", "kill -9 launcher", "kill -9 maintenance worker")

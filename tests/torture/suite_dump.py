@@ -38,13 +38,14 @@ import time
 
 import psycopg
 
-from harness import Cluster, close_quietly, log
+import pgtools
+from harness import Cluster, close_quietly, log, port
 
-PORT = 54354
+PORT = port(4)
 SRC = "dump_src"
-PG_DUMP = "/usr/lib/postgresql/15/bin/pg_dump"
-PG_RESTORE = "/usr/lib/postgresql/15/bin/pg_restore"
-PSQL = "/usr/lib/postgresql/15/bin/psql"
+PG_DUMP = str(pgtools.pg().bindir / "pg_dump")
+PG_RESTORE = str(pgtools.pg().bindir / "pg_restore")
+PSQL = str(pgtools.pg().bindir / "psql")
 HOSTILE = ["'; DROP TABLE idempotency.records; --", "O'Reilly \"q\"", "%s %I %L", "\\x00 \\\\", "\U0001F525 \u00e9",
            "a\u200bb", "k" * 512, "$$ $body$", "tab\\tnot", "NULL"]
 IN_FLIGHT = ("api", "in-flight-during-dump")

@@ -23,9 +23,9 @@ import time
 
 import psycopg
 
-from harness import Cluster, crash_lines, log, rust_internals, seeded
+from harness import Cluster, crash_lines, log, port, rust_internals, seeded
 
-PORT = 54355
+PORT = port(5)
 DB = "fuzz"
 ROLE = "fuzz_consumer"
 

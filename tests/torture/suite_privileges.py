@@ -19,9 +19,9 @@
 """
 import psycopg
 
-from harness import Cluster, log
+from harness import Cluster, log, port
 
-PORT = 54353
+PORT = port(3)
 DB = "privs"
 CONSUMER, OUTSIDER, ATTACKER = "priv_consumer", "priv_outsider", "priv_attacker"
 

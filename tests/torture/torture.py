@@ -57,7 +57,7 @@ def parse():
     # Self-test of the checks: consumers that break the rules on purpose must make suite 1 fail.
     p.add_argument("--sabotage", choices=("double-apply", "offset-ahead", "ignore-fencing"), help=argparse.SUPPRESS)
     p.add_argument("--system-install", action="store_true",
-                   help="run the clusters from the system installation via scripts/cluster instead of a snapshot")
+                   help="run the clusters from the system installation instead of a snapshot")
     for k in PROFILES["quick"]:
         p.add_argument("--" + k.replace("_", "-"), type=int, dest=k, help=argparse.SUPPRESS)
     a = p.parse_args()

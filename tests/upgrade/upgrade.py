@@ -3,9 +3,10 @@
 For each old version given (--old VERSION=DIR, DIR holding the old build's idempotency.so, .control and
 idempotency--VERSION.sql, see tests/upgrade/build-old):
 
- 1. A private copy of the PostgreSQL installation (privtree.PrivateTree) gets the OLD files; a cluster on
-    port 54360 runs from it with the library preloaded and the maintenance worker pointed at the test
-    database. CREATE EXTENSION must report the old version, in the test database and in an empty one.
+ 1. A private copy of the PostgreSQL installation (pgtools.PrivateTree) gets the OLD files; a cluster on
+    the first port of the range "upgrade" of tests/ports runs from it with the library preloaded and the
+    maintenance worker pointed at the test database. CREATE EXTENSION must report the old version, in the
+    test database and in an empty one.
  2. The test database is written the way the old version writes it: keys in several partitions (past days
     inserted directly as the superuser, today's through the API), completed keys with payloads and
     fingerprints, terminal failures, released keys, live leases (1 hour) whose tokens are kept, expired
@@ -39,11 +40,13 @@ import traceback
 
 import psycopg
 
-import catalog
-from privtree import CRASH_PATTERNS, Cluster, PrivateTree, control_default_version, copy_system_ext_files
-
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-PORT = 54360
+sys.path.insert(0, str(ROOT / "tests"))
+import catalog  # noqa: E402
+import pgtools  # noqa: E402
+from pgtools import PrivateTree, control_default_version, copy_ext_files, crash_lines  # noqa: E402
+
+PORT = pgtools.port("upgrade")
 TREE = "/tmp/idem-upgrade-inst"
 NEW_FILES = "/tmp/idem-upgrade-newbuild"
 DATA, EMPTY, FRESH = "upg_data", "upg_empty", "upg_fresh"
@@ -58,6 +61,29 @@ SNAP_RECORDS = """SELECT scope, key, status, token, attempts, fingerprint, paylo
 SNAP_OFFSETS = """SELECT consumer_group, topic, partition, next_offset, generation, updated_at
                     FROM idempotency.offsets ORDER BY consumer_group, topic, partition"""
 SNAP_PARTS = "SELECT partition::text, range_from, range_to FROM idempotency.partitions ORDER BY range_from"
+
+
+class Cluster(pgtools.Cluster):
+    """A throwaway cluster run from a PrivateTree: Unix socket only, fsync off, no RUST_BACKTRACE."""
+
+    def __init__(self, tree, port, conf=()):
+        assert port in pgtools.ports("upgrade"), port
+        super().__init__(port, ["log_line_prefix = '%m [%p] %e '", *conf], bindir=tree.bin, listen="",
+                         max_connections=50, fsync="off", server_env={})
+        self.tree = tree
+
+    def init(self):
+        """A new data directory (any previous one on this port is stopped and wiped)."""
+        super().init(stop_mode="immediate")
+
+    def start(self):
+        super().start(timeout=120)
+
+    def stop(self):
+        super().stop("fast", timeout=120)
+
+    def connect(self, dbname="postgres", autocommit=True, **kw):
+        return super().connect(dbname, autocommit=autocommit, statement_timeout_ms=60000, connect_timeout=10, **kw)
 
 
 class Checks:
@@ -570,7 +596,7 @@ def run_one(ck, old_version, old_dir, new_version, new_files):
             for line in errors[:10]:
                 print(f"       {line}", flush=True)
     finally:
-        crashes = [line for line in cluster.log_since().splitlines() if any(p in line for p in CRASH_PATTERNS)]
+        crashes = crash_lines(cluster.log_since())
         cluster.stop()
         ck.check("no server crash in the log", not crashes, crashes)
 
@@ -594,7 +620,7 @@ def main():
     try:
         new_version = cargo_version()
         try:
-            new_files = copy_system_ext_files(NEW_FILES, args.new_dir)
+            new_files = copy_ext_files(NEW_FILES, args.new_dir)
         except (OSError, RuntimeError) as e:
             new_files = []
             ck.check("the new build is installed (scripts/build)", False, str(e))
@@ -603,7 +629,7 @@ def main():
         names = sorted(p.name for p in new_files)
         ok = installed == new_version and "idempotency.so" in names and f"idempotency--{new_version}.sql" in names
         ck.check(f"the installed build is version {new_version} of Cargo.toml ({', '.join(names) or 'no files'})", ok,
-                 f"{args.new_dir or '/usr/share/postgresql/15/extension'}/idempotency.control says default_version = {installed!r}, "
+                 f"{args.new_dir or pgtools.pg().extdir}/idempotency.control says default_version = {installed!r}, "
                  f"Cargo.toml says {new_version!r}: run scripts/build first" if installed != new_version else
                  "the library or the version's SQL file is missing: run scripts/build first")
         if ok:

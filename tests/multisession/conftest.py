@@ -1,18 +1,17 @@
 """Fixtures for the multi-session tests.
 
-One throwaway PostgreSQL 15 cluster for the whole session, started through `scripts/cluster` on a
-port of its own (54332 unless IDEM_TEST_PORT says otherwise, so it never collides with the default
-cluster of the other scripts), one test database with the extension, stopped at the end.
+One throwaway PostgreSQL cluster for the whole session (pgtools.Cluster, the same as scripts/cluster) on a
+port of its own (tests/ports: "multisession"; IDEM_TEST_PORT overrides), one test database with the
+extension, stopped at the end.
 """
 import os
-import pathlib
-import subprocess
 
 import psycopg
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-PORT = int(os.environ.get("IDEM_TEST_PORT", "54332"))
+import pgtools
+
+PORT = int(os.environ.get("IDEM_TEST_PORT") or pgtools.port("multisession"))
 SOCKDIR = os.environ.get("IDEM_TEST_SOCKDIR", f"/tmp/idem-sock-{PORT}")
 PGDATA = os.environ.get("IDEM_TEST_PGDATA", f"/tmp/idem-data-{PORT}")
 DBNAME = "idem_multisession"
@@ -51,32 +50,23 @@ class Cluster:
     def connect(self, dbname=None, statement_timeout_ms=60000, autocommit=True):
         # Autocommit at the driver level: the tests send BEGIN / COMMIT / ROLLBACK themselves, so
         # every transaction boundary is explicit and a lone statement is its own transaction.
-        return psycopg.connect(
-            host=self.host,
-            port=self.port,
-            user="postgres",
-            dbname=dbname or self.dbname,
-            autocommit=autocommit,
-            options=f"-c statement_timeout={int(statement_timeout_ms)}",
-        )
+        return _server.connect(dbname=dbname or self.dbname, autocommit=autocommit,
+                               statement_timeout_ms=statement_timeout_ms)
 
 
 # The server's environment. With RUST_BACKTRACE=1, pgrx appends a Rust backtrace to the DETAIL of an
-# error that crossed the extension's frames unless the extension prevents it; tests/test_errors.py
+# error that crossed the extension's frames unless the extension prevents it; tests/multisession/test_errors.py
 # checks that no client ever sees one, which it can only catch with the variable set.
-SERVER_ENV = {"RUST_BACKTRACE": "1"}
+SERVER_ENV = pgtools.BACKTRACE_ENV
 
-
-def _cluster_env():
-    return dict(os.environ, IDEM_PORT=str(PORT), IDEM_SOCKDIR=SOCKDIR, IDEM_PGDATA=PGDATA, **SERVER_ENV)
+_server = pgtools.Cluster(PORT, SERVER_CONF, sockdir=SOCKDIR, pgdata=PGDATA, server_env=SERVER_ENV)
 
 
 @pytest.fixture(scope="session")
 def cluster():
-    script = str(ROOT / "scripts" / "cluster")
-    env = _cluster_env()
-    subprocess.run([script, "start", *SERVER_CONF], env=env, check=True)
+    _server.init()
     try:
+        _server.start()
         c = Cluster()
         with c.connect(dbname="postgres") as admin:
             admin.execute(f"CREATE DATABASE {DBNAME}")
@@ -90,7 +80,7 @@ def cluster():
             conn.execute(TEST_TABLES)
         yield c
     finally:
-        subprocess.run([script, "stop"], env=env, check=False)
+        _server.stop()
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
 -- Bad input and misuse: every SQLSTATE of the contract that a single session can provoke
--- (40001 and 40P01 need two sessions: see test/isolation). After each group of errors,
+-- (40001 and 40P01 need two sessions: see tests/isolation). After each group of errors,
 -- the storage is unchanged.
 \set VERBOSITY sqlstate
 CREATE EXTENSION idempotency;
@@ -8,421 +8,189 @@ CREATE FUNCTION records_digest() RETURNS text LANGUAGE sql AS $$
   FROM (SELECT r.tableoid::regclass::text || r.ctid::text || r.xmin::text || row_to_json(r)::text AS x
         FROM idempotency.records r) s
 $$;
+
 -- Fixtures: a key held by a committed claim (two-transaction mode), a completed key,
 -- a failed key and an idem_once key. 'warmup' makes every token of the fixtures >= 2.
 SELECT outcome FROM idem_claim('warmup');
- outcome 
----------
- claimed
-(1 row)
-
 SELECT token AS held FROM idem_claim('held', ttl => '1 hour') \gset
 BEGIN;
 SELECT token AS done FROM idem_claim('done') \gset
 SELECT idem_complete('done', '{"ok": true}');
- idem_complete 
----------------
- 
-(1 row)
-
 COMMIT;
 BEGIN;
 SELECT token AS dead FROM idem_claim('dead') \gset
 SELECT idem_fail('dead', '{"error": "fatal"}', retryable => false) AS result;
- result 
---------
- failed
-(1 row)
-
 COMMIT;
 SELECT idem_once('once') AS first;
- first 
--------
- t
-(1 row)
-
 SELECT records_digest() AS d0 \gset
 SELECT count(*) AS rows FROM idempotency.records;
- rows 
-------
-    5
-(1 row)
 
 -----------------------------------------------------------------------------
 -- 22004 null_value_not_allowed: a required argument is NULL.
 -----------------------------------------------------------------------------
 SELECT * FROM idem_claim(NULL);
-ERROR:  22004
 SELECT * FROM idem_claim(NULL::text, ttl => '1 minute');
-ERROR:  22004
 SELECT * FROM idem_claim('new-key', scope => NULL);
-ERROR:  22004
 SELECT * FROM idem_claim('new-key', wait => NULL);
-ERROR:  22004
 SELECT idem_complete(NULL, '1', token => :held);
-ERROR:  22004
 SELECT idem_complete('held', '1', scope => NULL, token => :held);
-ERROR:  22004
 SELECT idem_fail(NULL, '1', token => :held);
-ERROR:  22004
 SELECT idem_fail('held', '1', retryable => NULL, token => :held);
-ERROR:  22004
 SELECT idem_fail('held', '1', scope => NULL, token => :held);
-ERROR:  22004
 SELECT idem_heartbeat(NULL, token => :held);
-ERROR:  22004
 SELECT idem_heartbeat('held', scope => NULL, token => :held);
-ERROR:  22004
 SELECT idem_once(NULL);
-ERROR:  22004
 SELECT idem_once('new-key', NULL);
-ERROR:  22004
 SELECT * FROM idem_status(NULL);
-ERROR:  22004
 SELECT * FROM idem_status('held', NULL);
-ERROR:  22004
 SELECT records_digest() = :'d0' AS nothing_written;
- nothing_written 
------------------
- t
-(1 row)
 
 -----------------------------------------------------------------------------
 -- 22023 invalid_parameter_value: empty key or scope, control characters, ttl <= 0.
 -----------------------------------------------------------------------------
 SELECT * FROM idem_claim('');
-ERROR:  22023
 SELECT * FROM idem_claim('new-key', scope => '');
-ERROR:  22023
 SELECT * FROM idem_claim(E'new\nkey');
-ERROR:  22023
 SELECT * FROM idem_claim(E'new\tkey');
-ERROR:  22023
 SELECT * FROM idem_claim(E'new\x01key');
-ERROR:  22023
 SELECT * FROM idem_claim(E'new\x7fkey');
-ERROR:  22023
 SELECT * FROM idem_claim('new-key', scope => E'sc\rope');
-ERROR:  22023
 SELECT * FROM idem_claim('new-key', ttl => '0 seconds');
-ERROR:  22023
 SELECT * FROM idem_claim('new-key', ttl => '-5 minutes');
-ERROR:  22023
 SELECT idem_complete('', '1', token => :held);
-ERROR:  22023
 SELECT idem_complete('held', '1', scope => '', token => :held);
-ERROR:  22023
 SELECT idem_complete(E'held\n', '1', token => :held);
-ERROR:  22023
 SELECT idem_fail('', '1', token => :held);
-ERROR:  22023
 SELECT idem_fail('held', '1', scope => E'\x1b', token => :held);
-ERROR:  22023
 SELECT idem_heartbeat('', token => :held);
-ERROR:  22023
 SELECT idem_heartbeat('held', ttl => '0', token => :held);
-ERROR:  22023
 SELECT idem_heartbeat('held', ttl => '-1 second', token => :held);
-ERROR:  22023
 SELECT idem_once('');
-ERROR:  22023
 SELECT idem_once('new-key', '');
-ERROR:  22023
 SELECT idem_once(E'new\nkey');
-ERROR:  22023
 SELECT * FROM idem_status('');
-ERROR:  22023
 SELECT * FROM idem_status('held', '');
-ERROR:  22023
 SELECT records_digest() = :'d0' AS nothing_written;
- nothing_written 
------------------
- t
-(1 row)
-
 -- Non-ASCII printable keys are fine.
 SELECT outcome FROM idem_claim('clé-ключ-鍵', ttl => '1 hour');
- outcome 
----------
- claimed
-(1 row)
-
 SELECT status FROM idem_status('clé-ключ-鍵');
- status  
----------
- pending
-(1 row)
-
 SELECT records_digest() AS d0 \gset
+
 -----------------------------------------------------------------------------
 -- 54000 program_limit_exceeded: key/scope longer than max_key_bytes (512),
 -- payload/error larger than max_payload_bytes (1MB), measured as stored jsonb bytes.
 -----------------------------------------------------------------------------
 SELECT * FROM idem_claim(repeat('k', 513));
-ERROR:  54000
 SELECT * FROM idem_claim(repeat('é', 257));          -- 257 characters, 514 bytes
-ERROR:  54000
 SELECT * FROM idem_claim('new-key', scope => repeat('s', 513));
-ERROR:  54000
 SELECT idem_once(repeat('k', 513));
-ERROR:  54000
 SELECT idem_once('new-key', repeat('s', 513));
-ERROR:  54000
 SELECT idem_complete(repeat('k', 513), '1');
-ERROR:  54000
 SELECT idem_complete('held', to_jsonb(repeat('x', 1048575)), token => :held);   -- 1048577 bytes of JSON
-ERROR:  54000
 SELECT idem_fail('held', to_jsonb(repeat('x', 1048575)), token => :held);
-ERROR:  54000
 SELECT idem_fail('held', to_jsonb(repeat('x', 1048575)), retryable => false, token => :held);
-ERROR:  54000
 SELECT records_digest() = :'d0' AS nothing_written;
- nothing_written 
------------------
- t
-(1 row)
-
 -- At the limits it works.
 SELECT outcome FROM idem_claim(repeat('k', 512), scope => repeat('s', 512));
- outcome 
----------
- claimed
-(1 row)
-
 SELECT outcome FROM idem_claim(repeat('é', 256));
- outcome 
----------
- claimed
-(1 row)
-
 SELECT idem_once(repeat('o', 512), repeat('s', 512)) AS once_at_limit;
- once_at_limit 
----------------
- t
-(1 row)
-
 SELECT token AS big FROM idem_claim('big') \gset
 SELECT idem_complete('big', to_jsonb(repeat('x', 1048564)), token => :big);    -- stored size exactly 1048576 bytes
- idem_complete 
----------------
- 
-(1 row)
-
 SELECT outcome, octet_length(payload::text) AS payload_bytes FROM idem_claim('big');
-  outcome  | payload_bytes 
------------+---------------
- completed |       1048566
-(1 row)
-
 -- The limits are GUCs (superuser).
 SET idempotency.max_key_bytes = 16;
 SET idempotency.max_payload_bytes = '1kB';
 SELECT * FROM idem_claim(repeat('k', 17));
-ERROR:  54000
 SELECT outcome FROM idem_claim(repeat('k', 16));
- outcome 
----------
- claimed
-(1 row)
-
 SELECT token AS small FROM idem_claim('small') \gset
 SELECT idem_complete('small', to_jsonb(repeat('x', 1013)), token => :small);      -- stored size 1025 bytes
-ERROR:  54000
 SELECT idem_complete('small', to_jsonb(repeat('x', 1012)), token => :small);      -- stored size 1024 bytes
- idem_complete 
----------------
- 
-(1 row)
-
 RESET idempotency.max_key_bytes;
 RESET idempotency.max_payload_bytes;
 SELECT records_digest() AS d0 \gset
+
 -----------------------------------------------------------------------------
 -- P0002 no_data_found: complete / fail / heartbeat on a key that does not exist.
 -----------------------------------------------------------------------------
 SELECT idem_complete('missing', '1');
-ERROR:  P0002
 SELECT idem_complete('missing', '1', token => :held);
-ERROR:  P0002
 SELECT idem_fail('missing', '1');
-ERROR:  P0002
 SELECT idem_fail('missing', '1', retryable => false, token => :held);
-ERROR:  P0002
 SELECT idem_heartbeat('missing');
-ERROR:  P0002
 SELECT idem_heartbeat('missing', ttl => '1 minute', token => :held);
-ERROR:  P0002
 -- The key exists, but in another scope.
 SELECT idem_complete('held', '1', scope => 'elsewhere', token => :held);
-ERROR:  P0002
 SELECT idem_heartbeat('held', scope => 'elsewhere', token => :held);
-ERROR:  P0002
 SELECT records_digest() = :'d0' AS nothing_written;
- nothing_written 
------------------
- t
-(1 row)
 
 -----------------------------------------------------------------------------
 -- 55000 object_not_in_prerequisite_state: the key is already terminal.
 -----------------------------------------------------------------------------
 SELECT idem_complete('done', '"again"', token => :done);
-ERROR:  55000
 SELECT idem_fail('done', '"again"', token => :done);
-ERROR:  55000
 SELECT idem_fail('done', '"again"', retryable => false, token => :done);
-ERROR:  55000
 SELECT idem_heartbeat('done', token => :done);
-ERROR:  55000
 SELECT idem_complete('dead', '"again"', token => :dead);
-ERROR:  55000
 SELECT idem_fail('dead', '"again"', token => :dead);
-ERROR:  55000
 SELECT idem_heartbeat('dead', token => :dead);
-ERROR:  55000
 SELECT idem_complete('once', '"again"');
-ERROR:  55000
 SELECT idem_heartbeat('once');
-ERROR:  55000
 SELECT records_digest() = :'d0' AS nothing_written;
- nothing_written 
------------------
- t
-(1 row)
-
 -- Completing twice in the transaction that claimed the key.
 BEGIN;
 SELECT outcome FROM idem_claim('twice');
- outcome 
----------
- claimed
-(1 row)
-
 SELECT idem_complete('twice', '1');
- idem_complete 
----------------
- 
-(1 row)
-
 SELECT idem_complete('twice', '2');
-ERROR:  55000
 ROLLBACK;
 BEGIN;
 SELECT outcome FROM idem_claim('twice');
- outcome 
----------
- claimed
-(1 row)
-
 SELECT idem_fail('twice', '1', retryable => false) AS result;
- result 
---------
- failed
-(1 row)
-
 SELECT idem_heartbeat('twice');
-ERROR:  55000
 ROLLBACK;
 SELECT records_digest() = :'d0' AS nothing_written;
- nothing_written 
------------------
- t
-(1 row)
 
 -----------------------------------------------------------------------------
 -- 55006 object_in_use: the lease is not the caller's.
 -----------------------------------------------------------------------------
 -- No token, and the claim was made by another transaction.
 SELECT idem_complete('held', '1');
-ERROR:  55006
 SELECT idem_fail('held', '1');
-ERROR:  55006
 SELECT idem_heartbeat('held');
-ERROR:  55006
 -- A token that is not the holder's.
 SELECT idem_complete('held', '1', token => :held + 1);
-ERROR:  55006
 SELECT idem_complete('held', '1', token => :held - 1);
-ERROR:  55006
 -- Tokens are positive: 0 and negative numbers are invalid input (22023).
 SELECT idem_complete('held', '1', token => 0);
-ERROR:  22023
 SELECT idem_heartbeat('held', token => -1);
-ERROR:  22023
 SELECT idem_fail('held', '1', token => -9223372036854775808);
-ERROR:  22023
 SELECT idem_complete('held', '1', token => :done);
-ERROR:  55006
 SELECT idem_fail('held', '1', token => :held + 1);
-ERROR:  55006
 SELECT idem_heartbeat('held', token => :held + 1);
-ERROR:  55006
 SELECT records_digest() = :'d0' AS nothing_written;
- nothing_written 
------------------
- t
-(1 row)
-
 SELECT status, attempts, token = :held AS same_token, payload IS NULL AS no_payload FROM idem_status('held');
- status  | attempts | same_token | no_payload 
----------+----------+------------+------------
- pending |        1 | t          | t
-(1 row)
 
 -----------------------------------------------------------------------------
 -- After an error inside a transaction, the whole transaction is gone.
 -----------------------------------------------------------------------------
 BEGIN;
 SELECT outcome FROM idem_claim('tx-err');
- outcome 
----------
- claimed
-(1 row)
-
 SELECT idem_complete('tx-err', to_jsonb(repeat('x', 1048575)));
-ERROR:  54000
 COMMIT;
 SELECT count(*) AS rows FROM idem_status('tx-err');
- rows 
-------
-    0
-(1 row)
-
 SELECT records_digest() = :'d0' AS nothing_written;
- nothing_written 
------------------
- t
-(1 row)
-
 -- A caught error inside a subtransaction leaves the outer claim intact.
 \set VERBOSITY default
 BEGIN;
 SELECT outcome FROM idem_claim('tx-sub');
- outcome 
----------
- claimed
-(1 row)
-
 DO $$
 BEGIN
   PERFORM idem_complete('tx-sub', to_jsonb(repeat('x', 1048575)));
 EXCEPTION WHEN program_limit_exceeded THEN
   RAISE NOTICE 'caught %', SQLSTATE;
 END $$;
-NOTICE:  caught 54000
 SELECT idem_complete('tx-sub', '"fits"');
- idem_complete 
----------------
- 
-(1 row)
-
 COMMIT;
 SELECT outcome, payload FROM idem_claim('tx-sub');
-  outcome  | payload 
------------+---------
- completed | "fits"
-(1 row)
-
 -- The error codes can be caught by name, too.
 DO $$
 DECLARE states text[] := '{}';
@@ -439,5 +207,4 @@ BEGIN
   EXCEPTION WHEN object_in_use THEN states := states || SQLSTATE; END;
   RAISE NOTICE 'caught: %', states;
 END $$;
-NOTICE:  caught: {22004,22023,P0002,55000,55006}
 \set VERBOSITY sqlstate

@@ -1,7 +1,7 @@
 """The extension on a streaming-replication pair: reads on a hot standby, writes refused there and in
 read-only transactions, promotion after load, and the maintenance worker on the primary only.
 
-Clusters of its own (ports 54340 and 54341, sockets and data under /tmp/idem-replica-<port>), not the
+Clusters of its own (tests/ports: "replica", sockets and data under /tmp/idem-replica-<port>), not the
 session `cluster` of conftest.py: the primary preloads the library and a standby streams from it.
 The module's tests share one pair; the promotion test, last in the file, ends it (its old primary is
 stopped with -m immediate, its standby becomes the primary). Every wait has a deadline and fails
@@ -20,9 +20,11 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-PG_BIN = pathlib.Path("/usr/lib/postgresql/15/bin")
-PRIMARY_PORT = 54340
-STANDBY_PORT = 54341
+import pgtools
+
+PG_BIN = pgtools.pg().bindir
+PRIMARY_PORT = pgtools.port("replica", 0)
+STANDBY_PORT = pgtools.port("replica", 1)
 DB = "idem_replica"
 SCOPE = "seed"
 
@@ -55,49 +57,39 @@ RUST_MARKERS = ("pgrx", "panic", "backtrace", ".rs:", "rust_begin_unwind", "std:
 
 
 def as_postgres(*cmd, check=True):
-    prefix = [] if os.geteuid() != 0 else ["sudo", "-u", "postgres", "-H"]
-    return subprocess.run([*prefix, *map(str, cmd)], check=check, capture_output=True, text=True)
+    return pgtools.as_postgres(cmd, check=check, capture_output=True, text=True)
 
 
-class Node:
+class Node(pgtools.Cluster):
     """One cluster: data directory, socket directory, server log outside the data directory (so
-    pg_basebackup does not copy it)."""
+    pg_basebackup does not copy it). Its postgresql.conf is written by setup_pair, not by init()."""
 
     def __init__(self, port):
-        self.port = port
         self.base = pathlib.Path(f"/tmp/idem-replica-{port}")
-        self.sockdir = self.base  # socket files live in the base directory
-        self.pgdata = self.base / "data"
-        self.log = self.base / "server.log"
+        # Socket files live in the base directory. No RUST_BACKTRACE for these servers.
+        super().__init__(port, sockdir=self.base, pgdata=self.base / "data", logfile=self.base / "server.log",
+                         server_env={})
+        self.pgdata = pathlib.Path(self.pgdata)
         self.started = False
 
     def prepare(self):
         if (self.pgdata / "postmaster.pid").exists():
-            as_postgres(PG_BIN / "pg_ctl", "-D", self.pgdata, "-m", "immediate", "-w", "stop", check=False)
+            self.pg_ctl("stop", "-m", "immediate", "-w", check=False)
         shutil.rmtree(self.base, ignore_errors=True)
         subprocess.run(["install", "-d", "-o", "postgres", "-g", "postgres", "-m", "700", str(self.base)],
                        check=True)
 
-    def append_conf(self, lines):
-        with open(self.pgdata / "postgresql.conf", "a") as f:
-            f.write("\n".join(lines) + "\n")
-
     def start(self):
         self.started = True  # before pg_ctl: a start that fails half-way is still stopped
-        as_postgres(PG_BIN / "pg_ctl", "-D", self.pgdata, "-l", self.log, "-w", "-t", "60", "start")
+        super().start(timeout=60)
 
     def stop(self, mode="fast"):
         if self.started:
-            as_postgres(PG_BIN / "pg_ctl", "-D", self.pgdata, "-m", mode, "-w", "stop", check=False)
+            super().stop(mode)
             self.started = False
 
     def connect(self, dbname=DB, autocommit=True, statement_timeout_ms=30000):
-        return psycopg.connect(host=str(self.sockdir), port=self.port, user="postgres", dbname=dbname,
-                               autocommit=autocommit,
-                               options=f"-c statement_timeout={statement_timeout_ms}")
-
-    def postmaster_pid(self):
-        return int((self.pgdata / "postmaster.pid").read_text().split()[0])
+        return super().connect(dbname, autocommit=autocommit, statement_timeout_ms=statement_timeout_ms)
 
     def worker_processes(self):
         """Children of this postmaster whose process title mentions idempotency (launcher or
@@ -107,10 +99,7 @@ class Node:
         return [line for line in out.splitlines() if "idempotency" in line]
 
     def log_text(self):
-        try:
-            return self.log.read_text(errors="replace")
-        except FileNotFoundError:
-            return ""
+        return self.log_since()
 
     def log_tail(self, n=30):
         return "\n".join(self.log_text().splitlines()[-n:])
@@ -622,7 +611,7 @@ def test_promotion_after_load(pair, report):
     log_offset = len(standby.log_text())
     primary.stop(mode="immediate")
     promote_started = time.monotonic()
-    as_postgres(PG_BIN / "pg_ctl", "-D", standby.pgdata, "-w", "-t", "60", "promote")
+    standby.pg_ctl("-w", "-t", "60", "promote")
 
     with standby.connect() as n:
         assert one(n, "SELECT pg_is_in_recovery()") is False

@@ -6,7 +6,8 @@ import time
 import psycopg
 import pytest
 
-from idemlib import RETRY_SQLSTATES, rollback_quietly, run_threads
+from idemlib import rollback_quietly, run_threads
+from pgtools import RETRY_SQLSTATES
 
 
 def one(conn, sql, *args):

@@ -23,6 +23,7 @@ import uuid
 import psycopg
 import pytest
 
+import pgtools
 from conftest import SERVER_ENV
 from idemlib import rollback_quietly, rust_internals
 
@@ -37,8 +38,7 @@ def new_scope(tag):
 def srv(cluster):
     """The session cluster, after checking that its server runs with SERVER_ENV."""
     pid = int(pathlib.Path(cluster.pgdata, "postmaster.pid").read_text().split()[0])
-    raw = pathlib.Path(f"/proc/{pid}/environ").read_bytes().decode("utf-8", "replace")
-    env = dict(kv.split("=", 1) for kv in raw.split("\0") if "=" in kv)
+    env = pgtools.process_environ(pid)
     for k, v in SERVER_ENV.items():
         assert env.get(k) == v, (f"the test server (postmaster {pid}) runs without {k}={v} in its environment, "
                                  f"so a Rust backtrace could not show in an error: {k}={env.get(k)!r}")

@@ -1,23 +1,19 @@
 """Retention and the maintenance worker, against a cluster with the library preloaded.
 
-Its own cluster (port 54333): the worker's settings are cluster-wide, so these tests must not share
+Its own cluster (tests/ports: "worker"): the worker's settings are cluster-wide, so these tests must not share
 the multi-session cluster. Every check waits for the worker with a deadline and fails when it passes.
 """
 import os
-import pathlib
 import re
 import signal
-import subprocess
 import time
 
 import psycopg
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-PORT = int(os.environ.get("IDEM_WORKER_TEST_PORT", "54333"))
-SOCKDIR = f"/tmp/idem-sock-{PORT}"
-PGDATA = f"/tmp/idem-data-{PORT}"
-LOG = pathlib.Path(PGDATA) / "server.log"
+import pgtools
+
+PORT = int(os.environ.get("IDEM_WORKER_TEST_PORT") or pgtools.port("worker"))
 DB = "idem_worker"
 PARTMAN_DB = "idem_partman"
 
@@ -28,13 +24,12 @@ CONF = [
     "idempotency.reclaim_after = 0",
 ]
 
-
-def env():
-    return dict(os.environ, IDEM_PORT=str(PORT), IDEM_SOCKDIR=SOCKDIR, IDEM_PGDATA=PGDATA)
+SERVER = pgtools.Cluster(PORT, CONF)
+LOG = SERVER.logfile
 
 
 def connect(dbname=DB):
-    return psycopg.connect(host=SOCKDIR, port=PORT, user="postgres", dbname=dbname, autocommit=True)
+    return SERVER.connect(dbname)
 
 
 def one(conn, sql, *args):
@@ -65,9 +60,9 @@ def reload(conn, setting, value):
 
 @pytest.fixture(scope="module")
 def db():
-    script = str(ROOT / "scripts" / "cluster")
-    subprocess.run([script, "start", *CONF], env=env(), check=True)
+    SERVER.init()
     try:
+        SERVER.start()
         with connect("postgres") as admin:
             admin.execute(f"CREATE DATABASE {DB}")
             admin.execute(f"CREATE DATABASE {PARTMAN_DB}")
@@ -75,7 +70,7 @@ def db():
             conn.execute("CREATE EXTENSION idempotency")
             yield conn
     finally:
-        subprocess.run([script, "stop"], env=env(), check=False)
+        SERVER.stop()
 
 
 def test_worker_leaves_new_and_restoring_databases_alone(db):

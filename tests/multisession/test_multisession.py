@@ -11,8 +11,8 @@ import uuid
 import psycopg
 import pytest
 
-from idemlib import (RETRY_SQLSTATES, claim, complete, fail, heartbeat, ms, once, rollback_quietly,
-                     run_threads, sqlstate_of, status)
+from idemlib import claim, complete, fail, heartbeat, ms, once, rollback_quietly, run_threads, sqlstate_of, status
+from pgtools import RETRY_SQLSTATES
 
 ISOLATION_LEVELS = ["READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE"]
 LOCK_OBJSUBID = 18756  # the extension's advisory-lock namespace, as documented

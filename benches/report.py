@@ -1,0 +1,136 @@
+"""The benchmark's report: ratios against each group's reference row, the targets of issue 5, and the
+results as a table on stdout and as benches/results/NAME.md and NAME.json (benches/README.md, "How to
+read the table").
+"""
+import json
+import os
+
+from runner import BENCH, log
+from workloads import GROUP_ORDER, PG_DURABILITY, REDIS_CONFIGS, REFERENCE, WORKLOADS, human
+
+
+def ratios(bench):
+    """Each row's throughput over its group's reference row (same durability class, clients, key mix)."""
+    index = {}
+    for r in bench.rows:
+        index[(r["id"], r["class"], r["clients"], r["keys"])] = r
+    for r in bench.rows:
+        ref_id = REFERENCE.get(r["group"])
+        ref = index.get((ref_id, r["class"], r["clients"], r["keys"])) if ref_id else None
+        r["reference"] = ref_id if ref else None
+        r["ratio"] = r["throughput"] / ref["throughput"] if ref else None
+
+
+def targets(bench):
+    """The targets of issue 5, each computed from the rows and met or missed."""
+    idx = {(r["id"], r["class"], r["clients"], r["keys"]): r for r in bench.rows}
+    top = max(bench.args.clients)
+    out = []
+
+    def ratio(a, b, cls, clients=top, metric="throughput"):
+        ra, rb = idx.get((a, cls, clients, "new")), idx.get((b, cls, clients, "new"))
+        if not ra or not rb:
+            return None
+        return ra[metric] / rb[metric]
+
+    def add(name, goal, value, ok_if, how):
+        met = None if value is None else ok_if(value)
+        out.append({"target": name, "goal": goal, "measured": value, "met": met, "how": how})
+
+    for cls in ("on", "off"):
+        lab = PG_DURABILITY[cls]
+        add(f"idem_once alone >= 0.9x floor ({lab})", ">= 0.90", ratio("w2a", "w1", cls), lambda v: v >= 0.9,
+            f"throughput w2a / w1, new keys, {top} clients")
+        add(f"idem_once + business row >= 1.25x 5a + business row ({lab})", ">= 1.25", ratio("w2b", "w5a_biz", cls),
+            lambda v: v >= 1.25, f"throughput w2b / w5a_biz, new keys, {top} clients")
+        add(f"claim + complete (1 tx) >= 1.0x 5a ({lab})", ">= 1.00", ratio("w3", "w5a", cls), lambda v: v >= 1.0,
+            f"throughput w3 / w5a, new keys, {top} clients")
+        add(f"claim + complete (1 tx) >= 1.2x 5b ({lab})", ">= 1.20", ratio("w3", "w5b", cls), lambda v: v >= 1.2,
+            f"throughput w3 / w5b, new keys, {top} clients")
+        add(f"idem_once_batch(1000) keys/s >= pipelined redis SET NX ({lab} vs {REDIS_CONFIGS[cls][0]})", ">= 1.00",
+            ratio("b_once_1000", "r_nx_p16", cls), lambda v: v >= 1.0, f"keys/s, new keys, {top} clients, pipeline 16")
+    for cls in ("on", "off"):
+        for clients in bench.args.clients:
+            add(f"claim latency at {human(bench.args.growth_sizes[-1])} retained keys within 1.2x of empty ({PG_DURABILITY[cls]}, {clients} clients)",
+                "<= 1.20", ratio("g_2", "g_0", cls, clients, "p50_ms"), lambda v: v <= 1.2, "p50 latency g_2 / g_0")
+    drop = next((r for r in bench.retention_rows if r["method"].startswith("drop")), None)
+    delete = next((r for r in bench.retention_rows if r["method"].startswith("DELETE ...")), None)
+    if drop and delete:
+        add("retention: partition drop >= 100x less WAL than DELETE", ">= 100", delete["wal_bytes"] / max(1, drop["wal_bytes"]),
+            lambda v: v >= 100, f"WAL bytes of DELETE / of drop, {drop['rows']:,} keys")
+    return out
+
+
+def output(bench, meta, targets):
+    """The table, the retention figures and the targets on stdout, and in benches/results/NAME.{md,json}."""
+    order = {g: i for i, g in enumerate(GROUP_ORDER)}
+    cls_order = {"on": 0, "off": 1}
+    wid_order = {w: i for i, w in enumerate(WORKLOADS)}
+    rows = [r for r in bench.rows if r["group"] != "inputs"]
+    rows.sort(key=lambda r: (cls_order[r["class"]], order[r["group"]], r["clients"], r["keys"] != "new", wid_order[r["id"]]))
+    head = ["group", "workload", "keys", "durability", "clients", "throughput", "unit", "p50 ms", "p99 ms", "ratio", "vs"]
+    table = []
+    for r in rows:
+        table.append([r["group"], r["workload"], r["keys"], r["durability"], str(r["clients"]),
+                      f"{r['throughput']:,.0f}", r["unit"], f"{r['p50_ms']:.3f}", f"{r['p99_ms']:.3f}",
+                      "" if r["ratio"] is None else f"{r['ratio']:.2f}", r["reference"] or ""])
+    widths = [max(len(h), *(len(t[i]) for t in table)) if table else len(h) for i, h in enumerate(head)]
+    right = {4, 5, 7, 8, 9}
+
+    def fmt(cells):
+        return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+    print()
+    print(fmt(head))
+    print("  ".join("-" * w for w in widths))
+    prev = None
+    for r, t in zip(rows, table):
+        if prev is not None and (r["class"], r["group"]) != prev:
+            print()
+        prev = (r["class"], r["group"])
+        print(fmt(t))
+    if bench.retention_rows:
+        print("\nretention (workload 9), synchronous_commit=on:")
+        for r in bench.retention_rows:
+            print(f"  {r['method']:50s} {r['seconds']:9.3f} s  WAL {r['wal_bytes']:>14,} B  size {r['size_before']:>13,} -> {r['size_after']:>13,} B")
+    print("\ntargets of issue 5:")
+    for t in targets:
+        v = "n/a" if t["measured"] is None else f"{t['measured']:.3f}"
+        verdict = {True: "MET", False: "MISSED", None: "not measured"}[t["met"]]
+        print(f"  {verdict:12s} {t['target']}: {v} (goal {t['goal']}; {t['how']})")
+    if meta["runs_with_busy_machine"]:
+        print(f"\nWARNING: for {meta['runs_with_busy_machine']} rows the median run started while other work kept the machine >25% busy: noisy.")
+
+    os.makedirs(os.path.join(BENCH, "results"), exist_ok=True)
+    name = bench.args.name or meta["mode"]
+    base = os.path.join(BENCH, "results", name)
+    with open(base + ".json.tmp", "w") as f:
+        json.dump({"meta": meta, "rows": bench.rows, "retention": bench.retention_rows, "targets": targets}, f, indent=1, default=str)
+    os.replace(base + ".json.tmp", base + ".json")
+    md = [f"# Benchmark results ({meta['mode']} run)", "",
+          f"* command: `{meta['command']}` (every row: median of {meta['rounds']} runs of {meta['duration_s']} s, spread over the benchmark; clients {', '.join(map(str, meta['clients']))})",
+          f"* date: {meta['date']}",
+          f"* machine: {meta['cpu']}, {meta['memory']} RAM, {meta['virtualization'] or 'bare metal'} VM, Linux {meta['kernel']}",
+          f"* {meta['postgres']}",
+          f"* PostgreSQL settings: " + ", ".join(f"{k}={v}" for k, v in meta["postgres_settings"].items()),
+          f"* extension {meta['extension_version']}, git {meta['git_commit']}" + (" (with uncommitted changes in src/ or sql/)" if meta["git_worktree_dirty"] else "") + f", idempotency.so sha256 {meta['extension_so_sha256'][:16]}",
+          f"* {meta['redis']}"]
+    for cls, line in meta["redis_command_lines"].items():
+        md.append(f"* redis ({REDIS_CONFIGS[cls][0]}): `{line}`")
+    if meta["runs_with_busy_machine"]:
+        md.append(f"* WARNING: for {meta['runs_with_busy_machine']} rows the median run started while other work kept the machine >25% busy (noisy)")
+    md += ["", "| " + " | ".join(head) + " |", "|" + "|".join("---:" if i in right else "---" for i in range(len(head))) + "|"]
+    for t in table:
+        md.append("| " + " | ".join(c.replace("|", "\\|") for c in t) + " |")
+    if bench.retention_rows:
+        md += ["", "## Retention (workload 9), synchronous_commit=on", "",
+               "| method | keys | time s | WAL bytes | size before | size after |", "|---|---:|---:|---:|---:|---:|"]
+        for r in bench.retention_rows:
+            md.append(f"| {r['method']} | {r['rows']:,} | {r['seconds']:.3f} | {r['wal_bytes']:,} | {r['size_before']:,} | {r['size_after']:,} |")
+    md += ["", "## Targets of issue 5", "", "| target | goal | measured | verdict | how |", "|---|---|---:|---|---|"]
+    for t in targets:
+        v = "n/a" if t["measured"] is None else f"{t['measured']:.3f}"
+        md.append(f"| {t['target']} | {t['goal']} | {v} | {({True: 'met', False: 'MISSED', None: 'not measured'})[t['met']]} | {t['how']} |")
+    with open(base + ".md.tmp", "w") as f:
+        f.write("\n".join(md) + "\n")
+    os.replace(base + ".md.tmp", base + ".md")
+    log(f"wrote {base}.md and {base}.json")
