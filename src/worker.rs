@@ -98,13 +98,22 @@ pub extern "C-unwind" fn idem_maintenance_main(_arg: pg_sys::Datum) {
         // table, which is what a restore looks like until it attached its partitions. Partitions
         // made meanwhile would collide with those the dump brings (or their indexes with the
         // dump's).
-        let ready = Spi::get_one::<bool>(
-            "SELECT EXISTS (SELECT FROM pg_catalog.pg_inherits WHERE inhparent = 'idempotency.records'::regclass)
-                AND NOT EXISTS (SELECT FROM pg_catalog.pg_class
-                                 WHERE relnamespace = 'idempotency'::regnamespace AND relkind = 'r'
-                                   AND NOT relispartition AND relname LIKE 'records%')",
+        let started = Spi::get_one::<bool>(
+            "SELECT EXISTS (SELECT FROM pg_catalog.pg_inherits WHERE inhparent = 'idempotency.records'::regclass)",
         );
-        if ready != Ok(Some(true)) {
+        if started != Ok(Some(true)) {
+            return None;
+        }
+        let stray = Spi::get_one::<String>(
+            "SELECT relname::text FROM pg_catalog.pg_class
+              WHERE relnamespace = 'idempotency'::regnamespace AND relkind = 'r'
+                AND NOT relispartition AND relname LIKE 'records%' LIMIT 1",
+        );
+        if let Ok(Some(table)) = stray {
+            // Said at LOG level: a table a DBA detached and left here stops the rounds too.
+            log!(
+                "idempotency maintenance of {db:?}: skipped: table idempotency.{table} is not a partition of idempotency.records (a restore under way? move a detached partition out of the schema)"
+            );
             return None;
         }
         storage::maintenance_round(storage::transaction_start(), false)

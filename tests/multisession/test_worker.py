@@ -85,6 +85,7 @@ def test_worker_leaves_new_and_restoring_databases_alone(db):
     db.execute(f"DROP TABLE {newest}")
     time.sleep(3.5)
     assert one(db, "SELECT count(*) FROM idempotency.partitions WHERE partition::text = %s", newest) == 0
+    assert "table idempotency.records_p2000_01_01 is not a partition of idempotency.records" in LOG.read_text()
     db.execute("DROP TABLE idempotency.records_p2000_01_01")
     wait_for(f"{newest} premade again once the stray table is gone", lambda: one(
         db, "SELECT count(*) FROM idempotency.partitions WHERE partition::text = %s", newest) == 1)
