@@ -175,8 +175,9 @@ pub fn insert_target(conn: &Conn, ts: pg_sys::TimestampTz) -> pg_sys::Oid {
 }
 
 /// Gives the partitions that lack them the indexes every partition needs: those pg_partman 5.x
-/// makes (it copies only unique indexes from its template table). Returns how many it indexed.
-pub fn index_missing(conn: &Conn) -> i32 {
+/// makes (it copies only unique indexes from its template table), and those pg_partman made before
+/// the handover. Partitions that have them are left alone (no "already exists" notices).
+pub fn index_missing(conn: &Conn) {
     let calls: Vec<String> = {
         let rows = conn.run(&UNINDEXED, &[], Snap::Latest);
         (0..rows.len()).filter_map(|i| rows.get::<String>(i, 1)).collect()
@@ -184,7 +185,6 @@ pub fn index_missing(conn: &Conn) -> i32 {
     for call in &calls {
         conn.execute(call);
     }
-    calls.len() as i32
 }
 
 /// Creates the partitions missing from `as_of`'s slot to `premake` intervals ahead (the SQL

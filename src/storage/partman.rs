@@ -5,6 +5,7 @@
 //! Every partition needs the indexes of `idempotency.index_partition`: pg_partman 4.x copies the
 //! template table's indexes to each partition it makes, 5.x only its unique ones, so maintenance
 //! rounds index the partitions that lack them (see `partitions::index_missing`).
+use super::partitions;
 use super::spi::{quote_ident, quote_literal, Conn, Snap, Stmt};
 use crate::errors;
 use crate::gucs;
@@ -47,16 +48,13 @@ pub fn handover() -> String {
             start = start.map(|s| quote_literal(&s)).unwrap_or_else(|| "NULL".into()),
         ));
     }
-    // The partitions pg_partman made already (and its default partition) get their indexes here,
-    // and so does the template table that pg_partman 4.x copies them from.
+    // The template table that pg_partman 4.x copies indexes from gets ours, and so do the
+    // partitions pg_partman made already (and its default partition) that lack them.
     conn.execute(&format!(
         "SELECT idempotency.index_partition(template_table::regclass) FROM {schema}.part_config
           WHERE parent_table = 'idempotency.records' AND template_table IS NOT NULL"
     ));
-    conn.execute(
-        "SELECT idempotency.index_partition(relid) FROM pg_catalog.pg_partition_tree('idempotency.records')
-          WHERE isleaf",
-    );
+    partitions::index_missing(&conn);
     conn.execute(&format!(
         "UPDATE {schema}.part_config SET retention = {retention}, retention_keep_table = false,
                 infinite_time_partitions = true, premake = {premake}
