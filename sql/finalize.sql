@@ -39,7 +39,9 @@ GRANT EXECUTE ON FUNCTION
     idem_once_batch(text[], text),
     idem_record_offset(text, text, integer, bigint, bigint),
     idem_next_offset(text, text, integer),
-    idem_offsets(text, text)
+    idem_offsets(text, text),
+    idem_key(uuid, text[]),
+    idem_fingerprint(jsonb, text[])
 TO idempotency_consumer;
 
 COMMENT ON FUNCTION idem_claim(text, interval, text, text, boolean) IS
@@ -66,6 +68,10 @@ COMMENT ON FUNCTION idem_next_offset(text, text, integer) IS
 'Where to seek on restart: last processed offset + 1, or NULL when nothing is stored.';
 COMMENT ON FUNCTION idem_offsets(text, text) IS
 'Stored positions of a consumer group (optionally one topic), for the startup seek.';
+COMMENT ON FUNCTION idem_key(uuid, text[]) IS
+'A key derived from a message''s identifying parts: the version-5 UUID of namespace and the parts (each as <UTF-8 length>:<bytes>;), as text. The client libraries compute the same value.';
+COMMENT ON FUNCTION idem_fingerprint(jsonb, text[]) IS
+'A request fingerprint for idem_claim: hex SHA-256 of the RFC 8785 canonical JSON of the document, or of an object mapping each given JSON Pointer to its value (null when absent). The client libraries compute the same value.';
 COMMENT ON FUNCTION idem_reset_offset(text, text, integer, bigint) IS
 'Sets the next offset of (consumer_group, topic, partition), backwards or forwards. For DBAs; not granted to idempotency_consumer.';
 COMMENT ON FUNCTION idem_maintenance(timestamptz) IS

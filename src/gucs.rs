@@ -172,6 +172,16 @@ static DROP_LOCK_TIMEOUT: Int = Int {
     set_by: SetBy::Reload,
     flags: GucFlags::UNIT_MS,
 };
+static FILTER_MEMORY: Int = Int {
+    name: c"idempotency.filter_memory",
+    short: c"Most space all membership filters of sealed partitions may take together.",
+    long: c"A sealed partition gets a filter (about 1.25 bytes a key) while the filters' total stays under this; beyond it, partitions are sealed without one and claims probe their index (logged once). Filters live in idempotency.filter_chunks, read through shared buffers.",
+    value: GucSetting::<i32>::new(256 * 1024),
+    min: 0,
+    max: i32::MAX,
+    set_by: SetBy::Reload,
+    flags: GucFlags::UNIT_KB,
+};
 static MAX_BATCH_KEYS: Int = Int {
     name: c"idempotency.max_batch_keys",
     short: c"Most keys accepted by one idem_*_batch call.",
@@ -200,6 +210,7 @@ pub fn init() {
         &RECLAIM_AFTER,
         &DROP_LOCK_TIMEOUT,
         &MAX_BATCH_KEYS,
+        &FILTER_MEMORY,
     ] {
         setting.register();
     }
@@ -257,6 +268,10 @@ pub fn reclaim_after() -> Duration {
 }
 pub fn drop_lock_timeout() -> Duration {
     millis(&DROP_LOCK_TIMEOUT)
+}
+/// `idempotency.filter_memory` in bytes.
+pub fn filter_memory() -> u64 {
+    FILTER_MEMORY.value.get() as u64 * 1024
 }
 pub fn max_batch_keys() -> usize {
     MAX_BATCH_KEYS.value.get() as usize

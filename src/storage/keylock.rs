@@ -31,7 +31,7 @@ const KEY_HASH_SEED: u64 = 18756;
 /// Between scope and key in the hashed bytes.
 const SEPARATOR: u8 = 0x1f;
 
-fn hash_key(scope: &str, key: &str) -> u64 {
+pub fn hash_key(scope: &str, key: &str) -> u64 {
     let mut bytes = Vec::with_capacity(scope.len() + 1 + key.len());
     bytes.extend_from_slice(scope.as_bytes());
     bytes.push(SEPARATOR);

@@ -1,5 +1,7 @@
-//! One maintenance round: premake partitions, drop expired ones, reclaim stuck leases.
+//! One maintenance round: premake partitions, drop expired ones, seal past ones (see `filters`),
+//! reclaim stuck leases.
 //! Run by the background worker and by `idem_maintenance()`.
+use super::filters;
 use super::keylock;
 use super::partitions;
 use super::spi::{arg, ts_arg, Conn, Snap, Stmt};
@@ -27,11 +29,14 @@ pub struct Round {
     pub dropped: i32,
     pub deferred: i32,
     pub reclaimed: i64,
+    pub sealed: i32,
+    pub seal_deferred: i32,
 }
 
 impl Round {
     pub fn did_something(&self) -> bool {
-        self.created + self.dropped + self.deferred > 0 || self.reclaimed > 0
+        self.created + self.dropped + self.deferred + self.sealed + self.seal_deferred > 0
+            || self.reclaimed > 0
     }
 }
 
@@ -52,6 +57,12 @@ pub fn round(as_of: pg_sys::TimestampTz, wait: bool) -> Option<Round> {
     }
     if gucs::partition_manager() == PartitionManager::PgPartman {
         partitions::index_missing(&conn);
+    }
+    // With `none` nobody premakes the partition that rows of a sealed one would move to.
+    if gucs::partition_manager() != PartitionManager::None {
+        let sealing = filters::seal_past(&conn, as_of);
+        round.sealed = sealing.sealed;
+        round.seal_deferred = sealing.deferred;
     }
     round.reclaimed = reclaim(&conn, as_of - gucs::reclaim_after().as_micros() as i64);
     Some(round)

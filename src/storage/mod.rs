@@ -5,11 +5,12 @@
 //! - `offsets`: broker positions; `maintenance`: one retention round; `partitions`: time
 //!   partitions and their indexes; `partman`: the handover to pg_partman;
 //! - `probe`: index lookups without the executor; `spi`: saved plans; `owner`: running as the table's owner;
-//!   `keylock`: the per-key lock; `catalog`: cached catalog facts; `xact`: transaction facts;
+//!   `filters`: sealed partitions and their membership filters; `keylock`: the per-key lock; `catalog`: cached catalog facts; `xact`: transaction facts;
 //!   `document`: jsonb payloads passed through.
 mod catalog;
 mod decide;
 mod document;
+mod filters;
 mod keylock;
 mod maintenance;
 mod offsets;
@@ -35,5 +36,5 @@ pub use xact::start_time as transaction_start;
 
 /// Process start: the relcache callback that keeps the cached catalog facts true.
 pub fn init() {
-    catalog::init(&[probe::forget_layouts, partitions::forget_coverage]);
+    catalog::init(&[probe::forget_layouts, partitions::forget_coverage, filters::forget]);
 }

@@ -21,7 +21,8 @@ thread_local! {
     static COVERED: Cell<Coverage> = const { Cell::new(NO_COVERAGE) };
 }
 
-const NO_COVERAGE: Coverage = Coverage { from: 0, to: 0, partition: pg_sys::InvalidOid };
+const NO_COVERAGE: Coverage =
+    Coverage { lo: 0, from: 0, to: 0, partition: pg_sys::InvalidOid, sealed_to: None };
 
 /// Forgets the partition holding the present when the record table's relcache entry is
 /// invalidated. Called by [`catalog`]'s callback.
@@ -31,12 +32,23 @@ pub fn forget_coverage(what: Invalidated) {
     }
 }
 
-/// A partition's range `[from, to)`.
+/// Where rows created at any time in `[lo, to)` go: `partition`, whose range is `[from, to)`, with
+/// `created_at` no earlier than `from` (`lo < from` when the times before `from` are sealed).
 #[derive(Clone, Copy)]
 struct Coverage {
+    lo: pg_sys::TimestampTz,
     from: pg_sys::TimestampTz,
     to: pg_sys::TimestampTz,
     partition: pg_sys::Oid,
+    /// The end of the newest sealed partition, if any: a row routed by the record table itself
+    /// (no partition found) gets at least this `created_at`, so no row reaches a sealed partition.
+    sealed_to: Option<pg_sys::TimestampTz>,
+}
+
+impl Coverage {
+    fn holds(&self, ts: pg_sys::TimestampTz) -> bool {
+        self.lo <= ts && ts < self.to
+    }
 }
 
 /// Slots from `$1`'s slot to `$3` intervals ahead that no existing partition overlaps, each as
@@ -63,10 +75,19 @@ SELECT format('CREATE TABLE IF NOT EXISTS idempotency.%I PARTITION OF idempotenc
     args: &[pg_sys::TIMESTAMPTZOID, pg_sys::INTERVALOID, pg_sys::INT4OID],
 };
 
-/// The partition that holds `$1`, with its range; no row when there is none.
+/// Where a row created at `$1` goes: the first partition that is not sealed and whose range ends
+/// after `$1`, with its range (none: no column), and the end of the newest sealed partition.
+/// Usually the partition holding `$1`; a later one when `$1` falls in a sealed partition (a
+/// transaction that began before its end, a clock stepped back).
 static COVERAGE: Stmt = Stmt {
-    sql: "SELECT range_from, range_to, partition::oid FROM idempotency.partitions
-           WHERE range_from <= $1 AND range_to > $1",
+    sql: "SELECT p.range_from, p.range_to, p.partition, (SELECT max(range_to) FROM idempotency.sealed)
+            FROM (SELECT) AS one
+            LEFT JOIN LATERAL (
+                  SELECT v.range_from, v.range_to, v.partition::oid AS partition
+                    FROM idempotency.partitions v
+                   WHERE v.range_to > $1
+                     AND NOT EXISTS (SELECT 1 FROM idempotency.sealed s WHERE s.partition = v.partition::oid)
+                   ORDER BY v.range_from LIMIT 1) p ON true",
     args: &[pg_sys::TIMESTAMPTZOID],
 };
 
@@ -126,52 +147,72 @@ pub fn create_missing(conn: &Conn, as_of: pg_sys::TimestampTz) -> i32 {
     for statement in &ddl {
         conn.execute(statement);
     }
-    let rows = conn.run(&COVERAGE, &[ts_arg(as_of)], Snap::Latest);
-    let range = if rows.len() == 0 {
-        NO_COVERAGE
-    } else {
-        Coverage {
-            from: rows.get_ts(0, 1).expect("range_from"),
-            to: rows.get_ts(0, 2).expect("range_to"),
-            partition: rows.get(0, 3).expect("partition"),
+    look_up_coverage(conn, as_of);
+    ddl.len() as i32
+}
+
+/// Finds (and remembers) where rows created at `ts` go.
+fn look_up_coverage(conn: &Conn, ts: pg_sys::TimestampTz) {
+    let rows = conn.run(&COVERAGE, &[ts_arg(ts)], Snap::Latest);
+    let sealed_to = rows.get_ts(0, 4);
+    let range = match (rows.get_ts(0, 1), rows.get_ts(0, 2), rows.get::<pg_sys::Oid>(0, 3)) {
+        (Some(from), Some(to), Some(partition)) => {
+            Coverage { lo: ts.min(from), from, to, partition, sealed_to }
         }
+        // No partition takes the row: the record table routes it (pg_partman's default
+        // partition), to the sealed partitions' end at the earliest; an empty range, so the
+        // next call looks again.
+        _ => Coverage {
+            lo: ts,
+            from: ts.max(sealed_to.unwrap_or(ts)),
+            to: ts,
+            partition: pg_sys::InvalidOid,
+            sealed_to,
+        },
     };
     COVERED.with(|c| c.set(range));
-    ddl.len() as i32
 }
 
 /// Makes sure a row created at `ts` has a partition. Cheap when it already has one.
 /// Only the builtin manager creates partitions on demand: under pg_partman its default
 /// partition catches rows, and with `none` the DBA is in charge.
 pub fn ensure_covered(conn: &Conn, ts: pg_sys::TimestampTz) {
-    let Coverage { from, to, .. } = COVERED.with(|c| c.get());
-    if (from <= ts && ts < to) || gucs::partition_manager() != gucs::PartitionManager::Builtin {
+    if COVERED.with(|c| c.get()).holds(ts) {
         return;
     }
-    create_missing(conn, ts);
+    if gucs::partition_manager() == gucs::PartitionManager::Builtin {
+        create_missing(conn, ts);
+    } else {
+        look_up_coverage(conn, ts);
+    }
 }
 
-/// Where a row created at `ts` goes: the partition this backend knows holds `ts`, so that the
-/// insert skips tuple routing; else the record table, which routes it (pg_partman, `none`).
-/// The partition is locked for the insert first, so that no maintenance round (one aging data
-/// with a future `as_of`) drops it between here and the insert. If one dropped it before, the
-/// invalidations that locking (or the lookup before) processed made us forget it: it is made
-/// again, as at the start of the call.
-pub fn insert_target(conn: &Conn, ts: pg_sys::TimestampTz) -> pg_sys::Oid {
+/// Where a row created at `ts` goes, and the `created_at` it gets: the partition this backend
+/// knows takes it, so that the insert skips tuple routing; else the record table, which routes
+/// it (pg_partman's default partition, `none`).
+///
+/// The partition is locked for the insert first (ROW EXCLUSIVE, as the executor would). That
+/// lock is what closes a seal (see `filters`): a seal holds SHARE until it commits, and taking
+/// the lock processes the invalidation the seal sent, which makes us forget the partition and
+/// look again. It also keeps a maintenance round (one aging data with a future `as_of`) from
+/// dropping the partition before the insert; if one dropped it before, the invalidation makes us
+/// look again too, and make it again as at the start of the call.
+pub fn insert_target(conn: &Conn, ts: pg_sys::TimestampTz) -> (pg_sys::Oid, pg_sys::TimestampTz) {
     for _ in 0..10 {
         ensure_covered(conn, ts);
         let c = COVERED.with(|c| c.get());
-        if !(c.from <= ts && ts < c.to && c.partition != pg_sys::InvalidOid) {
+        if !(c.holds(ts) && c.partition != pg_sys::InvalidOid) {
             break;
         }
         // SAFETY: locks an existing partition's oid for the insert that follows, as the executor would;
-        // if the partition was dropped meanwhile, the invalidation makes us look again below.
+        // if the partition was dropped or sealed meanwhile, the invalidation makes us look again below.
         unsafe { pg_sys::LockRelationOid(c.partition, pg_sys::RowExclusiveLock as i32) };
         if COVERED.with(|now| now.get().partition) == c.partition {
-            return c.partition;
+            return (c.partition, ts.max(c.from));
         }
     }
-    catalog::records_oid()
+    let c = COVERED.with(|c| c.get());
+    (catalog::records_oid(), ts.max(c.sealed_to.unwrap_or(ts)))
 }
 
 /// Gives the partitions that lack them the indexes every partition needs: those pg_partman 5.x

@@ -7,11 +7,14 @@
 //! executor, under the latest snapshot, taking the same `AccessShareLock`s the plan would, so
 //! visibility, HOT chains and SERIALIZABLE's predicate locks behave exactly as they did.
 use super::catalog::{self, Invalidated};
+use super::filters::{self, Filter};
+use super::keylock;
 use super::xact;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::rc::Rc;
 
 /// The record columns a lookup reads, in the order of [`COLUMN_NAMES`].
 #[derive(Clone, Copy)]
@@ -110,56 +113,94 @@ struct Partition {
     columns: [i32; 7],
 }
 
-/// Open scans over every partition, for lookups of keys of one scope under the latest snapshot.
+/// A partition to search: opened on first use; a sealed one with a filter only when its filter
+/// says the key may be there.
+struct Part {
+    relid: pg_sys::Oid,
+    filter: Option<Rc<Filter>>,
+    open: Option<Partition>,
+}
+
+/// Scans over every partition, for lookups of keys of one scope under the latest snapshot.
 /// Open it after taking the keys' locks, so that the snapshot sees what their previous holders
-/// committed. Every relation stays locked (`AccessShareLock`) until the end of the transaction,
-/// as a query would leave it.
+/// committed. Every relation it opens stays locked (`AccessShareLock`) until the end of the
+/// transaction, as a query would leave it; the record table's own lock keeps every partition
+/// from being dropped meanwhile, so those opened later are still there.
 pub struct Prober {
     scope: pg_sys::Datum,
+    scope_text: String,
     snapshot: pg_sys::Snapshot,
-    parts: Vec<Partition>,
+    parts: Vec<Part>,
+    /// `idempotency.filter_chunks`, opened at the first filter read.
+    chunks: pg_sys::Relation,
+    chunks_oid: pg_sys::Oid,
 }
 
 impl Prober {
     pub fn open(scope: &str) -> Prober {
-        // SAFETY: called inside a transaction (from a SQL function): the snapshot is registered and
-        // unregistered in `drop` (or released by the abort), every relation is opened and locked by
-        // PostgreSQL's own functions and kept open until `drop`, and each scan and slot belongs to the
-        // relation it was made for.
+        let sealed = filters::sealed();
+        // SAFETY: called inside a transaction (from a SQL function): the snapshot is registered here and
+        // unregistered in `drop` (or released by the abort); the record table is opened and locked by
+        // PostgreSQL's own functions.
         unsafe {
             // Like a non-read-only SPI statement: make this transaction's earlier writes visible.
             pg_sys::CommandCounterIncrement();
             let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
             let mut leaves = Vec::new();
-            let horizon = xact::clock() + FUTURE_MARGIN_US;
+            // Rows moved out of sealed partitions may start as late as the newest seal's end.
+            let horizon = xact::clock().max(sealed.sealed_to.unwrap_or(i64::MIN)) + FUTURE_MARGIN_US;
             collect_leaves(catalog::records_oid(), Some(horizon), &mut leaves);
             // Newest first: a duplicate is most likely a recent key.
             leaves.reverse();
             let parts = leaves
                 .into_iter()
-                .map(|heap| {
-                    let layout = layout(heap);
-                    let index = pg_sys::index_open(layout.index, pg_sys::AccessShareLock as i32);
-                    let scan = pg_sys::index_beginscan(heap, index, snapshot, 2, 0);
-                    let slot = pg_sys::table_slot_create(heap, std::ptr::null_mut());
-                    Partition { heap, index, scan, slot, columns: layout.columns }
+                .map(|relid| Part {
+                    relid,
+                    filter: sealed.filters.get(&relid).cloned().flatten(),
+                    open: None,
                 })
                 .collect();
-            Prober { scope: scope.into_datum().expect("text datum"), snapshot, parts }
+            Prober {
+                scope: scope.into_datum().expect("text datum"),
+                scope_text: scope.to_string(),
+                snapshot,
+                parts,
+                chunks: std::ptr::null_mut(),
+                chunks_oid: sealed.chunks_rel,
+            }
         }
     }
 
     /// Finds `key`'s record and hands it to `read` while it is pinned; None when no partition
     /// has it.
     pub fn find<T>(&mut self, key: &str, read: impl FnOnce(&Tuple) -> T) -> Option<T> {
-        let key = key.into_datum().expect("text datum");
-        for part in &self.parts {
-            // SAFETY: the scan, slot and index are those `open` made and keeps open; the scan keys live on
-            // this stack frame during the rescan; the tuple handed to `read` is pinned in the slot until
-            // ExecClearTuple.
+        let mut hash = None;
+        let key_datum = key.into_datum().expect("text datum");
+        for i in 0..self.parts.len() {
+            if let Some(filter) = self.parts[i].filter.clone() {
+                let h = *hash.get_or_insert_with(|| keylock::hash_key(&self.scope_text, key));
+                // SAFETY: `filter_chunks` is opened (and locked) once and kept open until `drop`.
+                let maybe = unsafe {
+                    if self.chunks.is_null() {
+                        self.chunks = pg_sys::table_open(self.chunks_oid, pg_sys::AccessShareLock as i32);
+                    }
+                    filter.may_hold(self.chunks, h)
+                };
+                if !maybe {
+                    continue;
+                }
+            }
+            let snapshot = self.snapshot;
+            let part = &mut self.parts[i];
+            // SAFETY: opens a leaf of the record table, which the lock on the record table keeps in
+            // place; the scan is made for that index under our registered snapshot.
+            let part = part.open.get_or_insert_with(|| unsafe { open_partition(part.relid, snapshot) });
+            // SAFETY: the scan, slot and index are those `open_partition` made and `drop` releases; the
+            // scan keys live on this stack frame during the rescan; the tuple handed to `read` is pinned in
+            // the slot until ExecClearTuple.
             unsafe {
                 let mut keys: [pg_sys::ScanKeyData; 2] = Default::default();
-                for (i, (entry, value)) in keys.iter_mut().zip([self.scope, key]).enumerate() {
+                for (i, (entry, value)) in keys.iter_mut().zip([self.scope, key_datum]).enumerate() {
                     pg_sys::ScanKeyEntryInitialize(
                         entry,
                         0,
@@ -189,28 +230,43 @@ impl Prober {
     }
 }
 
+/// Opens a partition, its `(scope, key)` index and a scan of it under `snapshot`.
+///
+/// # Safety
+/// Inside a transaction that holds a lock on the record table; `relid` is one of its leaves.
+unsafe fn open_partition(relid: pg_sys::Oid, snapshot: pg_sys::Snapshot) -> Partition {
+    let heap = pg_sys::table_open(relid, pg_sys::AccessShareLock as i32);
+    let layout = layout(heap);
+    let index = pg_sys::index_open(layout.index, pg_sys::AccessShareLock as i32);
+    let scan = pg_sys::index_beginscan(heap, index, snapshot, 2, 0);
+    let slot = pg_sys::table_slot_create(heap, std::ptr::null_mut());
+    Partition { heap, index, scan, slot, columns: layout.columns }
+}
+
 /// Partitions premade for later than this past the current time are not searched: rows get
 /// `created_at = now()`, the start of their transaction, which began before the lookup (that
 /// waited for the key's lock). The margin absorbs a system clock stepped backwards.
 const FUTURE_MARGIN_US: i64 = 3600 * 1_000_000;
 
 /// The leaf partitions under `relid`, oldest range first (partition descriptors list partitions
-/// in bound order), each opened and locked; when `horizon` is given, without the partitions whose
-/// range starts after it.
+/// in bound order); when `horizon` is given, without the partitions whose range starts after it.
+/// Partitioned tables on the way are opened and locked (the locks stay until the transaction
+/// ends); the leaves are not opened.
 ///
 /// # Safety
-/// Inside a transaction; `relid` is the record table or one of its partitions. The caller closes
-/// the relations it gets (their locks stay until the transaction ends).
+/// Inside a transaction; `relid` is the record table or one of its partitions.
 unsafe fn collect_leaves(
     relid: pg_sys::Oid,
     horizon: Option<pg_sys::TimestampTz>,
-    out: &mut Vec<pg_sys::Relation>,
+    out: &mut Vec<pg_sys::Oid>,
 ) {
-    let rel = pg_sys::table_open(relid, pg_sys::AccessShareLock as i32);
-    if (*(*rel).rd_rel).relkind as u8 != pg_sys::RELKIND_PARTITIONED_TABLE {
-        out.push(rel);
+    if relid != catalog::records_oid()
+        && pg_sys::get_rel_relkind(relid) as u8 != pg_sys::RELKIND_PARTITIONED_TABLE
+    {
+        out.push(relid);
         return;
     }
+    let rel = pg_sys::table_open(relid, pg_sys::AccessShareLock as i32);
     // Copied before opening the children: opening them may process invalidations.
     let desc = pg_sys::RelationGetPartitionDesc(rel, true);
     // (A table without partitions may have no array at all: from_raw_parts needs a pointer.)
@@ -263,11 +319,14 @@ impl Drop for Prober {
         // SAFETY: releases exactly what `open` acquired, once: slots, scans, relations (their locks stay
         // to the end of the transaction, as a query's would) and the registered snapshot.
         unsafe {
-            for part in &self.parts {
+            for part in self.parts.iter().filter_map(|p| p.open.as_ref()) {
                 pg_sys::ExecDropSingleTupleTableSlot(part.slot);
                 pg_sys::index_endscan(part.scan);
                 pg_sys::index_close(part.index, pg_sys::NoLock as i32);
                 pg_sys::table_close(part.heap, pg_sys::NoLock as i32);
+            }
+            if !self.chunks.is_null() {
+                pg_sys::table_close(self.chunks, pg_sys::NoLock as i32);
             }
             pg_sys::UnregisterSnapshot(self.snapshot);
         }

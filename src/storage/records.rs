@@ -9,7 +9,7 @@ use super::document::{Document, Documents};
 use super::keylock::{self, KeyLock};
 use super::partitions;
 use super::probe::{Col, Prober, Tuple};
-use super::spi::{arg, tid_arg, Conn, Rows, Snap, Stmt};
+use super::spi::{arg, tid_arg, ts_arg, Conn, Rows, Snap, Stmt};
 use super::xact;
 use crate::errors;
 use crate::gucs;
@@ -23,33 +23,34 @@ const T_IVL: pg_sys::Oid = pg_sys::INTERVALOID;
 const T_TEXT_ARRAY: pg_sys::Oid = pg_sys::TEXTARRAYOID;
 const T_JSONB: pg_sys::Oid = pg_sys::JSONBOID;
 const T_JSONB_ARRAY: pg_sys::Oid = pg_sys::JSONBARRAYOID;
+const T_TS: pg_sys::Oid = pg_sys::TIMESTAMPTZOID;
 
 static INSERT_CLAIM: Stmt = Stmt {
     sql: "INSERT INTO {partition}
                  (scope, key, status, token, attempts, fingerprint, created_at, updated_at, expires_at)
-          VALUES ($1, $2, 'pending', nextval('idempotency.token_seq'), 1, $3, now(),
+          VALUES ($1, $2, 'pending', nextval('idempotency.token_seq'), 1, $3, $5,
                   clock_timestamp(), clock_timestamp() + $4)
           RETURNING token, expires_at",
-    args: &[T_TEXT, T_TEXT, T_TEXT, T_IVL],
+    args: &[T_TEXT, T_TEXT, T_TEXT, T_IVL, T_TS],
 };
 static INSERT_ONCE: Stmt = Stmt {
     sql: "INSERT INTO {partition} (scope, key, status, attempts, created_at, updated_at)
-          VALUES ($1, $2, 'completed', 1, now(), now())",
-    args: &[T_TEXT, T_TEXT],
+          VALUES ($1, $2, 'completed', 1, $3, now())",
+    args: &[T_TEXT, T_TEXT, T_TS],
 };
 static INSERT_CLAIMS: Stmt = Stmt {
     sql: "INSERT INTO {partition}
                  (scope, key, status, token, attempts, created_at, updated_at, expires_at)
-          SELECT $1, k, 'pending', nextval('idempotency.token_seq'), 1, now(), clock_timestamp(),
+          SELECT $1, k, 'pending', nextval('idempotency.token_seq'), 1, $4, clock_timestamp(),
                  clock_timestamp() + $3
             FROM unnest($2::text[]) AS k
           RETURNING key, token, expires_at",
-    args: &[T_TEXT, T_TEXT_ARRAY, T_IVL],
+    args: &[T_TEXT, T_TEXT_ARRAY, T_IVL, T_TS],
 };
 static INSERT_ONCES: Stmt = Stmt {
     sql: "INSERT INTO {partition} (scope, key, status, attempts, created_at, updated_at)
-          SELECT $1, k, 'completed', 1, now(), now() FROM unnest($2::text[]) AS k",
-    args: &[T_TEXT, T_TEXT_ARRAY],
+          SELECT $1, k, 'completed', 1, $3, now() FROM unnest($2::text[]) AS k",
+    args: &[T_TEXT, T_TEXT_ARRAY, T_TS],
 };
 static COMPLETE_MANY: Stmt = Stmt {
     sql: "UPDATE idempotency.records r
@@ -189,9 +190,11 @@ fn lookup_many(_conn: &Conn, scope: &str, keys: &[&str]) -> HashMap<String, Reco
         .collect()
 }
 
-/// Where this transaction's new records go (they get `created_at = now()`).
-fn new_rows_go(conn: &Conn) -> pg_sys::Oid {
-    partitions::insert_target(conn, xact::start_time())
+/// Where this transaction's new records go, and their `created_at`: `now()`, the transaction's
+/// start, unless that falls in a sealed partition (see `partitions::insert_target`).
+fn new_rows_go(conn: &Conn) -> (pg_sys::Oid, Option<pg_sys::Datum>) {
+    let (partition, created_at) = partitions::insert_target(conn, xact::start_time());
+    (partition, ts_arg(created_at))
 }
 
 /// Locks several keys in a fixed (sorted) order, so two batches never deadlock on each other.
@@ -308,10 +311,11 @@ pub fn claim(k: Key, ttl: Interval, fingerprint: Option<&str>, wait: bool) -> Cl
     if let Some(rec) = lookup(&conn, k) {
         return claim_existing(&conn, k, rec, ttl, fingerprint, Some(lock));
     }
+    let (partition, created_at) = new_rows_go(&conn);
     let rows = conn.run_on(
         &INSERT_CLAIM,
-        new_rows_go(&conn),
-        &[arg(k.scope), arg(k.key), arg(fingerprint), arg(ttl)],
+        partition,
+        &[arg(k.scope), arg(k.key), arg(fingerprint), arg(ttl), created_at],
         Snap::Statement,
     );
     expect_one(&rows, "claim");
@@ -376,10 +380,11 @@ pub fn claim_batch(scope: &str, keys: &[&str], ttl: Interval) -> Vec<Claim> {
     let missing: Vec<&str> = distinct.iter().copied().filter(|key| !found.contains_key(*key)).collect();
     let mut answers: HashMap<&str, Claim> = HashMap::with_capacity(distinct.len());
     if !missing.is_empty() {
+        let (partition, created_at) = new_rows_go(&conn);
         let rows = conn.run_on(
             &INSERT_CLAIMS,
-            new_rows_go(&conn),
-            &[arg(scope), arg(missing.clone()), arg(ttl)],
+            partition,
+            &[arg(scope), arg(missing.clone()), arg(ttl), created_at],
             Snap::Statement,
         );
         for i in 0..rows.len() {
@@ -462,7 +467,9 @@ pub fn once(k: Key) -> bool {
         lock.release_if_only_read();
         return false;
     }
-    conn.run_on(&INSERT_ONCE, new_rows_go(&conn), &k.args(), Snap::Statement);
+    let (partition, created_at) = new_rows_go(&conn);
+    let [scope, key] = k.args();
+    conn.run_on(&INSERT_ONCE, partition, &[scope, key, created_at], Snap::Statement);
     true
 }
 
@@ -505,7 +512,8 @@ pub fn once_batch(scope: &str, keys: &[&str]) -> Vec<String> {
     }
     drop(prober);
     if !fresh.is_empty() {
-        conn.run_on(&INSERT_ONCES, new_rows_go(&conn), &[arg(scope), arg(fresh.clone())], Snap::Statement);
+        let (partition, created_at) = new_rows_go(&conn);
+        conn.run_on(&INSERT_ONCES, partition, &[arg(scope), arg(fresh.clone()), created_at], Snap::Statement);
     }
     let fresh: std::collections::HashSet<&str> = fresh.into_iter().collect();
     let mut emitted = std::collections::HashSet::with_capacity(fresh.len());

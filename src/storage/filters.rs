@@ -1,0 +1,397 @@
+//! Membership filters of sealed partitions: a claim of a new key reads one 32-byte block per
+//! sealed partition instead of descending its `(scope, key)` index.
+//!
+//! **Sealing.** A partition whose whole range is past takes no new row once maintenance has sealed
+//! it. The seal takes a SHARE lock on the partition, which waits for every transaction that wrote
+//! there (writers hold ROW EXCLUSIVE until they end) and keeps new writers out until it commits;
+//! it then reads every key under the latest snapshot, writes the filter and the row of
+//! `idempotency.sealed`, and invalidates the record table's relcache entry. A writer locks its
+//! target partition before inserting (see `partitions::insert_target`), and that lock processes the
+//! invalidation: a writer that arrives after the seal learns that the partition is sealed and puts
+//! its row into the first partition that is not (with `created_at` moved to that partition's
+//! start), whatever its transaction's start time or the clock say. So a filter holds every key its
+//! partition will ever hold; keys deleted later only make it answer "maybe" more often.
+//!
+//! **Format** (on disk, part of the upgrade contract): a split block Bloom filter as Parquet
+//! specifies it (32-byte blocks of eight 32-bit words, one bit set per word by eight fixed salts),
+//! over the key lock's 64-bit hash (`keylock::hash_key`, equal to
+//! `hashtextextended(scope || E'\x1f' || key, 18756)`), so a claim hashes its key once for both.
+//! About 10 bits a key: 1.25 MB per million keys, about 1% false "maybe"s.
+//!
+//! **Where the bits are**: rows of `idempotency.filter_chunks` (248 blocks each, stored inline and
+//! uncompressed), read in place through shared buffers by their ctid, which `idempotency.sealed`
+//! lists. All backends share them, and they are WAL-logged like any table: they survive a restart
+//! or a crash and reach replicas. A crate's Bloom filter wants its own aligned buffer; these bits
+//! are read where they lie in a shared buffer page, hence the few lines below. pg_dump does not
+//! keep them: a restored database has no sealed partition until maintenance seals them again.
+use super::catalog::{self, Invalidated};
+use super::spi::{arg, ts_arg, Conn, Snap, Stmt};
+use crate::gucs;
+use pgrx::pg_sys;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+pub const BLOCK_BYTES: usize = 32;
+/// Blocks per row of `idempotency.filter_chunks`: 7,936 bytes, so that a row fills one 8 kB page.
+pub const CHUNK_BLOCKS: usize = 248;
+const BITS_PER_KEY: u64 = 10;
+/// Parquet's split block Bloom filter salts.
+const SALT: [u32; 8] =
+    [0x47b6137b, 0x44974d91, 0x8824ad5b, 0xa2b7289d, 0x705495c7, 0x2df1424b, 0x9efc4947, 0x5c6bfb31];
+
+/// Blocks for a filter of `keys` keys (at least one).
+pub fn blocks_for(keys: u64) -> u32 {
+    (keys * BITS_PER_KEY).div_ceil(BLOCK_BYTES as u64 * 8).max(1) as u32
+}
+
+/// The block a hash falls in: its high half scaled to the number of blocks.
+pub fn block_of(hash: u64, blocks: u32) -> usize {
+    (((hash >> 32) * blocks as u64) >> 32) as usize
+}
+
+/// The bit each of the block's eight words must have, from the hash's low half.
+fn masks(hash: u64) -> [u32; 8] {
+    let low = hash as u32;
+    SALT.map(|salt| 1u32 << (low.wrapping_mul(salt) >> 27))
+}
+
+/// Whether a block (32 bytes, little-endian words) may hold the hash.
+pub fn block_has(block: &[u8], hash: u64) -> bool {
+    masks(hash).iter().enumerate().all(|(i, m)| {
+        let word = u32::from_le_bytes(block[i * 4..i * 4 + 4].try_into().expect("4 bytes"));
+        word & m != 0
+    })
+}
+
+/// Adds a hash to a filter of `bits.len() / 32` blocks.
+pub fn insert(bits: &mut [u8], hash: u64) {
+    let blocks = (bits.len() / BLOCK_BYTES) as u32;
+    let at = block_of(hash, blocks) * BLOCK_BYTES;
+    for (i, m) in masks(hash).iter().enumerate() {
+        let word = &mut bits[at + i * 4..at + i * 4 + 4];
+        let v = u32::from_le_bytes((&*word).try_into().expect("4 bytes")) | m;
+        word.copy_from_slice(&v.to_le_bytes());
+    }
+}
+
+/// A sealed partition's filter as a backend knows it: its size and where its chunks lie.
+pub struct Filter {
+    partition: pg_sys::Oid,
+    blocks: u32,
+    chunks: Vec<pg_sys::ItemPointerData>,
+}
+
+/// What a backend knows of the sealed partitions, loaded on first use and forgotten whenever the
+/// record table's relcache entry is invalidated (a seal, a partition created or dropped).
+#[derive(Default)]
+pub struct Sealed {
+    /// Sealed partitions by oid; None for one sealed without a filter (memory bound reached).
+    pub filters: HashMap<pg_sys::Oid, Option<Rc<Filter>>>,
+    /// `idempotency.filter_chunks`.
+    pub chunks_rel: pg_sys::Oid,
+    /// The end of the newest sealed partition's range (rows may be moved up to there).
+    pub sealed_to: Option<pg_sys::TimestampTz>,
+}
+
+thread_local! {
+    static SEALED: RefCell<Option<Rc<Sealed>>> = const { RefCell::new(None) };
+}
+
+/// Called by [`catalog`]'s relcache callback.
+pub fn forget(what: Invalidated) {
+    if let Invalidated::RecordTable = what {
+        SEALED.with(|s| s.borrow_mut().take());
+    }
+}
+
+/// The sealed partitions that exist, with the chunk locations of their filters, one row per
+/// chunk in order (a partition without a filter has one row with a NULL chunk). A row of
+/// `idempotency.sealed` counts only while its partition still has the oid and name it was sealed
+/// under: a dropped partition's oid given to a new relation never inherits its filter.
+static LOAD: Stmt = Stmt {
+    sql: "SELECT s.partition, s.blocks, (t::text::point)[0]::int8, (t::text::point)[1]::int4,
+                 (SELECT max(range_to) FROM idempotency.sealed),
+                 'idempotency.filter_chunks'::regclass::oid
+            FROM idempotency.sealed s
+            JOIN pg_catalog.pg_class c ON c.oid = s.partition AND c.relname = s.partition_name
+            JOIN pg_catalog.pg_inherits i ON i.inhrelid = c.oid
+                 AND i.inhparent = 'idempotency.records'::regclass
+            LEFT JOIN LATERAL unnest(s.chunks) WITH ORDINALITY AS u(t, n) ON true
+           ORDER BY s.partition, u.n",
+    args: &[],
+};
+
+/// What this backend knows of the sealed partitions (read under the latest snapshot when it
+/// knows nothing). Knowing less than the truth is safe: a partition not known as sealed is probed.
+pub fn sealed() -> Rc<Sealed> {
+    if let Some(known) = SEALED.with(|s| s.borrow().clone()) {
+        return known;
+    }
+    let conn = Conn::open();
+    let rows = conn.run(&LOAD, &[], Snap::Latest);
+    let mut known = Sealed::default();
+    let mut building: HashMap<pg_sys::Oid, Filter> = HashMap::new();
+    for i in 0..rows.len() {
+        let partition: pg_sys::Oid = rows.get(i, 1).expect("partition");
+        let blocks: i32 = rows.get(i, 2).expect("blocks");
+        known.sealed_to = rows.get_ts(i, 5);
+        known.chunks_rel = rows.get(i, 6).expect("filter_chunks");
+        let (Some(block), Some(item)) = (rows.get::<i64>(i, 3), rows.get::<i32>(i, 4)) else {
+            known.filters.insert(partition, None);
+            continue;
+        };
+        let mut tid = pg_sys::ItemPointerData::default();
+        pgrx::itemptr::item_pointer_set_all(&mut tid, block as u32, item as u16);
+        building
+            .entry(partition)
+            .or_insert_with(|| Filter { partition, blocks: blocks as u32, chunks: Vec::new() })
+            .chunks
+            .push(tid);
+    }
+    drop(rows);
+    drop(conn);
+    for (oid, filter) in building {
+        let complete =
+            filter.blocks > 0 && filter.chunks.len() == (filter.blocks as usize).div_ceil(CHUNK_BLOCKS);
+        known.filters.insert(oid, complete.then(|| Rc::new(filter)));
+    }
+    let known = Rc::new(known);
+    SEALED.with(|s| *s.borrow_mut() = Some(known.clone()));
+    known
+}
+
+impl Filter {
+    /// Whether the partition may hold the key of this hash: false only when its filter says no.
+    /// Anything unexpected (a chunk row gone or not the one listed) answers "maybe": the caller
+    /// then probes the index, which is never wrong.
+    ///
+    /// # Safety
+    /// `chunks` is `idempotency.filter_chunks`, open and locked by the caller.
+    pub unsafe fn may_hold(&self, chunks: pg_sys::Relation, hash: u64) -> bool {
+        let block = block_of(hash, self.blocks);
+        let (chunk, offset) = (block / CHUNK_BLOCKS, (block % CHUNK_BLOCKS) * BLOCK_BYTES);
+        let Some(tid) = self.chunks.get(chunk) else { return true };
+        let mut tuple = pg_sys::HeapTupleData { t_self: *tid, ..Default::default() };
+        let mut buffer: pg_sys::Buffer = pg_sys::InvalidBuffer as pg_sys::Buffer;
+        // Any version will do: a chunk row is written once and never updated, and its partition
+        // and chunk number are checked below.
+        if !pg_sys::heap_fetch(chunks, &raw mut pg_sys::SnapshotAnyData, &mut tuple, &mut buffer, true) {
+            if buffer != pg_sys::InvalidBuffer as pg_sys::Buffer {
+                pg_sys::ReleaseBuffer(buffer);
+            }
+            return true;
+        }
+        let mut values = [pg_sys::Datum::from(0usize); 3];
+        let mut nulls = [true; 3];
+        pg_sys::heap_deform_tuple(&mut tuple, (*chunks).rd_att, values.as_mut_ptr(), nulls.as_mut_ptr());
+        let mut maybe = true;
+        if !nulls.iter().any(|n| *n)
+            && pg_sys::Oid::from(values[0].value() as u32) == self.partition
+            && values[1].value() as i32 == chunk as i32
+        {
+            // Stored inline and uncompressed (STORAGE PLAIN), so this returns the page's own bytes.
+            let bits = pg_sys::pg_detoast_datum_packed(values[2].cast_mut_ptr());
+            let len = pgrx::varlena::varsize_any_exhdr(bits);
+            if offset + BLOCK_BYTES <= len {
+                let data = std::slice::from_raw_parts(pgrx::varlena::vardata_any(bits) as *const u8, len);
+                maybe = block_has(&data[offset..offset + BLOCK_BYTES], hash);
+            }
+        }
+        pg_sys::ReleaseBuffer(buffer);
+        maybe
+    }
+}
+
+/// Past partitions not sealed yet, oldest first.
+static UNSEALED: Stmt = Stmt {
+    sql: "SELECT p.partition::oid, c.relname::text, p.range_to
+            FROM idempotency.partitions p JOIN pg_catalog.pg_class c ON c.oid = p.partition::oid
+           WHERE p.range_to <= $1
+             AND NOT EXISTS (SELECT 1 FROM idempotency.sealed s
+                              WHERE s.partition = p.partition::oid AND s.partition_name = c.relname)
+           ORDER BY p.range_to",
+    args: &[pg_sys::TIMESTAMPTZOID],
+};
+/// Rows of partitions that are gone (dropped by retention, pg_partman or a DBA).
+static FORGET_GONE: Stmt = Stmt {
+    sql: "WITH gone AS (
+              DELETE FROM idempotency.sealed s
+               WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_inherits i
+                                     ON i.inhrelid = c.oid AND i.inhparent = 'idempotency.records'::regclass
+                                  WHERE c.oid = s.partition AND c.relname = s.partition_name)
+              RETURNING partition)
+          DELETE FROM idempotency.filter_chunks f USING gone WHERE f.partition = gone.partition",
+    args: &[],
+};
+static LOCK: Stmt =
+    Stmt { sql: "SELECT idempotency.seal_lock($1::regclass, $2)", args: &[pg_sys::OIDOID, pg_sys::INT4OID] };
+static KEY_HASHES: Stmt =
+    Stmt { sql: "SELECT hashtextextended(scope || E'\\x1f' || key, 18756) FROM {partition}", args: &[] };
+static BYTES_USED: Stmt =
+    Stmt { sql: "SELECT (coalesce(sum(blocks::int8), 0) * 32)::int8 FROM idempotency.sealed", args: &[] };
+static ADD_CHUNK: Stmt = Stmt {
+    sql: "INSERT INTO idempotency.filter_chunks (partition, chunk, bits) VALUES ($1, $2, $3) RETURNING ctid::text",
+    args: &[pg_sys::OIDOID, pg_sys::INT4OID, pg_sys::BYTEAOID],
+};
+static ADD_SEALED: Stmt = Stmt {
+    sql: "INSERT INTO idempotency.sealed (partition, partition_name, range_to, keys, blocks, chunks)
+          VALUES ($1, $2, $3, $4, $5, $6::text[]::tid[])",
+    args: &[
+        pg_sys::OIDOID,
+        pg_sys::TEXTOID,
+        pg_sys::TIMESTAMPTZOID,
+        pg_sys::INT8OID,
+        pg_sys::INT4OID,
+        pg_sys::TEXTARRAYOID,
+    ],
+};
+
+/// The memory bound was met once in this process: said once, at LOG level.
+static BOUND_LOGGED: AtomicBool = AtomicBool::new(false);
+
+/// What sealing did in one maintenance round.
+#[derive(Default)]
+pub struct Sealing {
+    pub sealed: i32,
+    /// Partitions whose lock was not had within `idempotency.drop_lock_timeout`: next round.
+    pub deferred: i32,
+}
+
+/// Seals the partitions whose whole range ended before both `as_of` and the clock (a partition
+/// is never sealed ahead of time, so rows moved out of a sealed one land no later than now), and
+/// forgets the filters of partitions that are gone.
+pub fn seal_past(conn: &Conn, as_of: pg_sys::TimestampTz) -> Sealing {
+    conn.run(&FORGET_GONE, &[], Snap::Statement);
+    let until = as_of.min(super::xact::clock());
+    let candidates: Vec<(pg_sys::Oid, String, pg_sys::TimestampTz)> = {
+        let rows = conn.run(&UNSEALED, &[ts_arg(until)], Snap::Latest);
+        (0..rows.len())
+            .map(|i| {
+                (rows.get(i, 1).expect("oid"), rows.get(i, 2).expect("name"), rows.get_ts(i, 3).expect("to"))
+            })
+            .collect()
+    };
+    let mut done = Sealing::default();
+    let wait_ms = gucs::drop_lock_timeout().as_millis() as i32;
+    for (partition, name, range_to) in candidates {
+        let locked = conn.run(&LOCK, &[arg(partition), arg(wait_ms)], Snap::Statement).get::<bool>(0, 1);
+        if locked != Some(true) {
+            done.deferred += 1;
+            continue;
+        }
+        seal(conn, partition, &name, range_to);
+        done.sealed += 1;
+    }
+    if done.sealed > 0 {
+        // Every backend re-reads what is sealed, and where new rows go, after this commits.
+        // SAFETY: queues a relcache invalidation of an existing relation, sent at commit.
+        unsafe { pg_sys::CacheInvalidateRelcacheByRelid(catalog::records_oid()) };
+    }
+    done
+}
+
+/// Builds and stores one partition's filter; the caller holds its SHARE lock.
+fn seal(conn: &Conn, partition: pg_sys::Oid, name: &str, range_to: pg_sys::TimestampTz) {
+    // The latest snapshot: the writers the lock waited for committed after this transaction's
+    // snapshot (REPEATABLE READ) was taken, and their keys must be in.
+    let hashes: Vec<u64> = {
+        let rows = conn.run_on(&KEY_HASHES, partition, &[], Snap::Latest);
+        (0..rows.len()).map(|i| rows.get::<i64>(i, 1).expect("hash") as u64).collect()
+    };
+    let blocks = blocks_for(hashes.len() as u64);
+    let used: i64 = conn.run(&BYTES_USED, &[], Snap::Statement).get(0, 1).unwrap_or(0);
+    let bytes = blocks as u64 * BLOCK_BYTES as u64;
+    let mut tids: Vec<String> = Vec::new();
+    let stored_blocks = if used as u64 + bytes > gucs::filter_memory() {
+        if !BOUND_LOGGED.swap(true, Ordering::Relaxed) {
+            pgrx::log!(
+                "idempotency: idempotency.filter_memory ({} kB) is reached: partition {name} is sealed without a filter, and claims probe its index",
+                gucs::filter_memory() / 1024
+            );
+        }
+        0
+    } else {
+        let mut bits = vec![0u8; bytes as usize];
+        for h in &hashes {
+            insert(&mut bits, *h);
+        }
+        for (n, chunk) in bits.chunks(CHUNK_BLOCKS * BLOCK_BYTES).enumerate() {
+            let rows = conn.run(&ADD_CHUNK, &[arg(partition), arg(n as i32), arg(chunk)], Snap::Statement);
+            tids.push(rows.get::<String>(0, 1).expect("ctid"));
+        }
+        blocks as i32
+    };
+    conn.run(
+        &ADD_SEALED,
+        &[
+            arg(partition),
+            arg(name),
+            ts_arg(range_to),
+            arg(hashes.len() as i64),
+            arg(stored_blocks),
+            arg(tids),
+        ],
+        Snap::Statement,
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fixed-seed stream of well-mixed 64-bit values (splitmix64), standing in for key hashes.
+    fn hashes(seed: u64, n: usize) -> Vec<u64> {
+        let mut x = seed;
+        (0..n)
+            .map(|_| {
+                x = x.wrapping_add(0x9e3779b97f4a7c15);
+                let mut z = x;
+                z = (z ^ (z >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
+                z = (z ^ (z >> 27)).wrapping_mul(0x94d049bb133111eb);
+                z ^ (z >> 31)
+            })
+            .collect()
+    }
+
+    fn filter_of(keys: &[u64]) -> Vec<u8> {
+        let mut bits = vec![0u8; blocks_for(keys.len() as u64) as usize * BLOCK_BYTES];
+        for h in keys {
+            insert(&mut bits, *h);
+        }
+        bits
+    }
+
+    fn holds(bits: &[u8], h: u64) -> bool {
+        let at = block_of(h, (bits.len() / BLOCK_BYTES) as u32) * BLOCK_BYTES;
+        block_has(&bits[at..at + BLOCK_BYTES], h)
+    }
+
+    #[test]
+    fn never_says_no_for_an_inserted_key() {
+        for n in [1, 7, 1000, 100_000] {
+            let keys = hashes(n as u64, n);
+            let bits = filter_of(&keys);
+            assert!(keys.iter().all(|h| holds(&bits, *h)), "a false no among {n} keys");
+        }
+    }
+
+    #[test]
+    fn false_maybe_rate_is_about_one_percent() {
+        let keys = hashes(1, 200_000);
+        let bits = filter_of(&keys);
+        let others = hashes(2, 200_000);
+        let maybes = others.iter().filter(|h| holds(&bits, **h)).count();
+        let rate = maybes as f64 / others.len() as f64;
+        assert!(rate < 0.015, "false maybe rate {rate}");
+        assert!(rate > 0.002, "suspiciously few false maybes: {rate}");
+    }
+
+    #[test]
+    fn size_is_ten_bits_a_key() {
+        assert_eq!(blocks_for(0), 1);
+        assert_eq!(blocks_for(1_000_000) as usize * BLOCK_BYTES, 1_250_016);
+        assert!(CHUNK_BLOCKS * BLOCK_BYTES + 64 < 8160, "a chunk row fits one heap page");
+    }
+}
