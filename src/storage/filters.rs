@@ -123,15 +123,30 @@ static LOAD: Stmt = Stmt {
     args: &[],
 };
 
+/// Whether the schema has sealed partitions at all: not between the restart on this library
+/// and `ALTER EXTENSION idempotency UPDATE` from 0.2.0, when everything works as 0.2.0 did.
+pub fn installed() -> bool {
+    // SAFETY: syscache lookups by name with C string constants; a missing schema is no error here.
+    unsafe {
+        let schema = pg_sys::get_namespace_oid(c"idempotency".as_ptr(), true);
+        schema != pg_sys::InvalidOid && pg_sys::get_relname_relid(c"sealed".as_ptr(), schema) != pg_sys::InvalidOid
+    }
+}
+
 /// What this backend knows of the sealed partitions (read under the latest snapshot when it
 /// knows nothing). Knowing less than the truth is safe: a partition not known as sealed is probed.
 pub fn sealed() -> Rc<Sealed> {
     if let Some(known) = SEALED.with(|s| s.borrow().clone()) {
         return known;
     }
+    let mut known = Sealed::default();
+    if !installed() {
+        let known = Rc::new(known);
+        SEALED.with(|s| *s.borrow_mut() = Some(known.clone()));
+        return known;
+    }
     let conn = Conn::open();
     let rows = conn.run(&LOAD, &[], Snap::Latest);
-    let mut known = Sealed::default();
     let mut building: HashMap<pg_sys::Oid, Filter> = HashMap::new();
     for i in 0..rows.len() {
         let partition: pg_sys::Oid = rows.get(i, 1).expect("partition");
@@ -263,6 +278,9 @@ pub struct Sealing {
 /// is never sealed ahead of time, so rows moved out of a sealed one land no later than now), and
 /// forgets the filters of partitions that are gone.
 pub fn seal_past(conn: &Conn, as_of: pg_sys::TimestampTz) -> Sealing {
+    if !installed() {
+        return Sealing::default();
+    }
     conn.run(&FORGET_GONE, &[], Snap::Statement);
     let until = as_of.min(super::xact::clock());
     let candidates: Vec<(pg_sys::Oid, String, pg_sys::TimestampTz)> = {
@@ -290,6 +308,48 @@ pub fn seal_past(conn: &Conn, as_of: pg_sys::TimestampTz) -> Sealing {
         unsafe { pg_sys::CacheInvalidateRelcacheByRelid(catalog::records_oid()) };
     }
     done
+}
+
+/// A range partition of the record table, by oid: its name and the end of its range.
+static PARTITION: Stmt = Stmt {
+    sql: "SELECT c.relname::text, p.range_to,
+                 EXISTS (SELECT 1 FROM idempotency.sealed s WHERE s.partition = c.oid AND s.partition_name = c.relname)
+            FROM idempotency.partitions p JOIN pg_catalog.pg_class c ON c.oid = p.partition::oid
+           WHERE p.partition::oid = $1 AND p.range_to IS NOT NULL",
+    args: &[pg_sys::OIDOID],
+};
+
+/// Seals one partition now, waiting for its lock as long as the session's `lock_timeout` allows
+/// (`idempotency.seal_partition`). Sealing a partition that still holds the present moves the
+/// rows of new keys to the next partition, ahead of their time. False if it was already sealed.
+pub fn seal_partition(partition: pg_sys::Oid) -> bool {
+    if !installed() {
+        crate::errors::invalid("the schema predates sealed partitions: run ALTER EXTENSION idempotency UPDATE".into());
+    }
+    let conn = Conn::open();
+    conn.run(&FORGET_GONE, &[], Snap::Statement);
+    let (name, range_to, sealed) = {
+        let rows = conn.run(&PARTITION, &[arg(partition)], Snap::Latest);
+        if rows.len() == 0 {
+            crate::errors::invalid(format!(
+                "relation {} is not a range partition of idempotency.records",
+                partition.to_u32()
+            ));
+        }
+        (
+            rows.get::<String>(0, 1).expect("name"),
+            rows.get_ts(0, 2).expect("range_to"),
+            rows.get::<bool>(0, 3).expect("sealed"),
+        )
+    };
+    if sealed {
+        return false;
+    }
+    conn.execute(&format!("LOCK TABLE idempotency.{} IN SHARE MODE", super::spi::quote_ident(&name)));
+    seal(&conn, partition, &name, range_to);
+    // SAFETY: queues a relcache invalidation of an existing relation, sent at commit.
+    unsafe { pg_sys::CacheInvalidateRelcacheByRelid(catalog::records_oid()) };
+    true
 }
 
 /// Builds and stores one partition's filter; the caller holds its SHARE lock.

@@ -27,6 +27,7 @@ pub use maintenance::round as maintenance_round;
 pub use offsets::{
     list as list_offsets, next as next_offset, record as record_offset, reset as reset_offset, Position,
 };
+pub use filters::seal_partition;
 pub use partitions::premake as premake_partitions;
 pub use partman::handover as partman_handover;
 pub use records::{

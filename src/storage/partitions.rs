@@ -79,6 +79,16 @@ SELECT format('CREATE TABLE IF NOT EXISTS idempotency.%I PARTITION OF idempotenc
 /// after `$1`, with its range (none: no column), and the end of the newest sealed partition.
 /// Usually the partition holding `$1`; a later one when `$1` falls in a sealed partition (a
 /// transaction that began before its end, a clock stepped back).
+/// The same, on a 0.2.0 schema (the new library before `ALTER EXTENSION UPDATE`): nothing is sealed.
+static COVERAGE_UNSEALED: Stmt = Stmt {
+    sql: "SELECT p.range_from, p.range_to, p.partition, NULL::timestamptz
+            FROM (SELECT) AS one
+            LEFT JOIN LATERAL (
+                  SELECT v.range_from, v.range_to, v.partition::oid AS partition
+                    FROM idempotency.partitions v WHERE v.range_to > $1
+                   ORDER BY v.range_from LIMIT 1) p ON true",
+    args: &[pg_sys::TIMESTAMPTZOID],
+};
 static COVERAGE: Stmt = Stmt {
     sql: "SELECT p.range_from, p.range_to, p.partition, (SELECT max(range_to) FROM idempotency.sealed)
             FROM (SELECT) AS one
@@ -153,7 +163,8 @@ pub fn create_missing(conn: &Conn, as_of: pg_sys::TimestampTz) -> i32 {
 
 /// Finds (and remembers) where rows created at `ts` go.
 fn look_up_coverage(conn: &Conn, ts: pg_sys::TimestampTz) {
-    let rows = conn.run(&COVERAGE, &[ts_arg(ts)], Snap::Latest);
+    let stmt = if super::filters::installed() { &COVERAGE } else { &COVERAGE_UNSEALED };
+    let rows = conn.run(stmt, &[ts_arg(ts)], Snap::Latest);
     let sealed_to = rows.get_ts(0, 4);
     let range = match (rows.get_ts(0, 1), rows.get_ts(0, 2), rows.get::<pg_sys::Oid>(0, 3)) {
         (Some(from), Some(to), Some(partition)) => {
