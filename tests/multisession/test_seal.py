@@ -1,0 +1,113 @@
+"""Trying to slip a key past a seal.
+
+Writers at READ COMMITTED, REPEATABLE READ and SERIALIZABLE pin their transaction's start (so their
+`now()` falls in the partition being sealed), wait a little, then claim keys of a small key space (many
+duplicates); the partition of the present is sealed at a random moment while they run. A filter that
+missed a key, or a row that landed in the partition after its seal, would show as a key recorded twice,
+a side effect applied twice, a sealed key answered as new, or more rows in the partition than it had
+when it was sealed.
+"""
+import random
+import threading
+import time
+
+import psycopg
+import pytest
+
+from pgtools import RETRY_SQLSTATES
+
+LEVELS = ["READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE"]
+KEYS = 400
+
+
+def _writer(cluster, db, worker, stop, errors, counts):
+    rnd = random.Random(worker)
+    with cluster.connect(dbname=db) as conn:
+        while not stop.is_set():
+            level = LEVELS[worker % len(LEVELS)]
+            keys = [f"k{rnd.randrange(KEYS)}" for _ in range(rnd.randint(1, 4))]
+            try:
+                conn.execute(f"BEGIN ISOLATION LEVEL {level}")
+                conn.execute("SELECT now()")  # the transaction's start is fixed here
+                time.sleep(rnd.random() * 0.05)
+                for key in keys:
+                    if worker % 2:
+                        new = conn.execute("SELECT idem_once(%s, 'seal')", (key,)).fetchone()[0]
+                    else:
+                        outcome = conn.execute("SELECT outcome FROM idem_claim(%s, scope => 'seal')", (key,)).fetchone()[0]
+                        new = outcome == "claimed"
+                        if new:
+                            conn.execute("SELECT idem_complete(%s, scope => 'seal')", (key,))
+                    if new:
+                        conn.execute("INSERT INTO effects VALUES (%s, %s)", (key, worker))
+                conn.execute("COMMIT")
+                counts[worker] += 1
+            except psycopg.Error as e:
+                conn.execute("ROLLBACK")
+                if e.sqlstate not in RETRY_SQLSTATES:
+                    errors.append(f"worker {worker}: {e.sqlstate} {e}")
+                    return
+
+
+@pytest.mark.parametrize("round_", range(3))
+def test_no_key_slips_past_a_seal(cluster, report, round_):
+    db = f"idem_seal_{round_}"
+    with cluster.connect(dbname="postgres") as admin:
+        admin.execute(f"DROP DATABASE IF EXISTS {db}")
+        admin.execute(f"CREATE DATABASE {db}")
+    try:
+        with cluster.connect(dbname=db) as conn:
+            conn.execute("CREATE EXTENSION idempotency")
+            conn.execute("SELECT FROM idem_maintenance()")
+            conn.execute("CREATE TABLE effects (key text NOT NULL, worker int NOT NULL)")
+            present = conn.execute(
+                "SELECT partition::oid FROM idempotency.partitions WHERE range_from <= now() AND range_to > now()"
+            ).fetchone()[0]
+        stop = threading.Event()
+        errors, counts = [], [0] * 6
+        threads = [threading.Thread(target=_writer, args=(cluster, db, w, stop, errors, counts)) for w in range(6)]
+        for t in threads:
+            t.start()
+        time.sleep(random.Random(round_).uniform(0.3, 1.5))
+        with cluster.connect(dbname=db) as sealer:
+            t0 = time.monotonic()
+            assert sealer.execute("SELECT idempotency.seal_partition(%s)", (present,)).fetchone()[0] is True
+            seal_wait = time.monotonic() - t0
+        time.sleep(1.5)
+        stop.set()
+        for t in threads:
+            t.join()
+        assert not errors, errors
+
+        with cluster.connect(dbname=db) as conn:
+            twice = conn.execute(
+                "SELECT scope, key, count(*) FROM idempotency.records GROUP BY 1, 2 HAVING count(*) > 1"
+            ).fetchall()
+            assert twice == [], f"keys recorded twice: {twice}"
+            applied_twice = conn.execute(
+                "SELECT key, count(*) FROM effects GROUP BY 1 HAVING count(*) > 1"
+            ).fetchall()
+            assert applied_twice == [], f"side effects applied twice: {applied_twice}"
+            sealed_keys, now_in = conn.execute(
+                "SELECT s.keys, (SELECT count(*) FROM idempotency.records r WHERE r.tableoid = s.partition)"
+                "  FROM idempotency.sealed s WHERE s.partition = %s", (present,)
+            ).fetchone()
+            assert now_in == sealed_keys, f"{now_in - sealed_keys} rows landed in the partition after its seal"
+            moved = conn.execute(
+                "SELECT count(*) FROM idempotency.records WHERE tableoid <> %s", (present,)).fetchone()[0]
+            # Every key of the sealed partition is found through its filter: none is new again.
+            conn.execute("BEGIN")
+            renewed = conn.execute(
+                "SELECT count(*) FROM idempotency.records r WHERE r.tableoid = %s AND idem_once(r.key, r.scope)",
+                (present,)).fetchone()[0]
+            conn.execute("ROLLBACK")
+            assert renewed == 0, f"{renewed} keys of the sealed partition answered as new"
+            effects = conn.execute("SELECT count(*) FROM effects").fetchone()[0]
+            records = conn.execute("SELECT count(*) FROM idempotency.records").fetchone()[0]
+            assert effects == records
+        report(f"{sum(counts)} transactions, {sealed_keys} keys sealed (seal waited {seal_wait * 1000:.0f} ms), "
+               f"{moved} keys moved to the next partition, 0 duplicates")
+        assert sealed_keys > 0 and moved > 0, "the seal did not fall while writers ran"
+    finally:
+        with cluster.connect(dbname="postgres") as admin:
+            admin.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
