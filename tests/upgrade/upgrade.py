@@ -142,7 +142,7 @@ def sql_error(conn, sql, params=None):
 def populate(c):
     """Writes keys in every state with the OLD version; returns what the callers of the API were told."""
     told = {"live": {}, "batch_live": {}}
-    c.execute("SELECT idempotency.premake_partitions(now() - interval '3 days')")
+    c.execute("SELECT idempotency.premake_partitions(now() - interval '4 days')")  # rows go back 3 days and some minutes
     # Past days, written directly as the superuser (the API writes only into the present's partition).
     c.execute("""
         INSERT INTO idempotency.records (scope, key, status, token, attempts, fingerprint, payload, error,
@@ -469,6 +469,21 @@ def check_maintenance(ck, c, before):
              not problems, problems)
 
 
+def check_sealed(ck, c, before):
+    """After the first round on the new version, the old past partitions are sealed with filters of their
+    keys, and every old key is still found (through those filters)."""
+    past = c.execute("SELECT p.partition::oid, p.partition::text, "
+                     "       (SELECT count(*) FROM idempotency.records r WHERE r.tableoid = p.partition::oid) "
+                     "  FROM idempotency.partitions p WHERE p.range_to <= now()").fetchall()
+    sealed = {r[0]: (r[1], r[2]) for r in c.execute("SELECT partition, keys, blocks FROM idempotency.sealed")}
+    problems = [f"{name}: not sealed" for oid, name, n in past if oid not in sealed]
+    problems += [f"{name}: filter of {sealed[oid][0]} keys over {n} rows, {sealed[oid][1]} blocks"
+                 for oid, name, n in past if oid in sealed and (sealed[oid][0] != n or sealed[oid][1] == 0)]
+    ck.check(f"the first round seals every old past partition ({len(past)}) with a filter of its keys",
+             bool(past) and not problems, problems)
+    check_once(ck, c, before)
+
+
 def check_catalog(ck, cluster, upgraded_db, fresh_lines, old, new):
     with cluster.connect(upgraded_db) as c:
         lines = catalog.describe(c)
@@ -589,6 +604,7 @@ def run_one(ck, old_version, old_dir, new_version, new_files):
             ck.attempt("token and lock check", check_tokens_and_locks, ck, c, before)
             ck.attempt("read-only check", check_read_only, ck, c)
             ck.attempt("maintenance check", check_maintenance, ck, c, before)
+            ck.attempt("sealed partitions check", check_sealed, ck, c, before)
 
         errors = [line for line in update_log.splitlines() if " ERROR:" in line or " WARNING:" in line]
         if errors:
