@@ -30,6 +30,8 @@ def run(bench):
         workloads.retention(bench)
     if not a.skip_growth:
         workloads.partition_scaling(bench)
+    if not a.skip_production:
+        workloads.production_shape(bench)
     report.ratios(bench)
     meta = bench.meta()
     meta["elapsed_s"] = round(time.time() - t0)
@@ -53,6 +55,8 @@ def main():
     ap.add_argument("--skip-redis", action="store_true")
     ap.add_argument("--skip-growth", action="store_true")
     ap.add_argument("--skip-retention", action="store_true")
+    ap.add_argument("--skip-production", action="store_true", help="skip workload 10, a week and 30 days of retained keys")
+    ap.add_argument("--retained-keys", type=int, help="keys retained by workload 10 (default 4000000; quick 200000)")
     ap.add_argument("--name", help="results file name under benches/results/ (default: full or quick)")
     ap.add_argument("--max-wait", type=float, help="seconds to wait before a run for a busy machine to calm down (default 0)")
     args = ap.parse_args()
@@ -65,6 +69,7 @@ def main():
     if len(args.growth_sizes) != 3:
         ap.error("--growth-sizes takes three sizes")
     args.retention_rows = args.retention_rows or (100_000 if args.quick else 1_000_000)
+    args.retained_keys = args.retained_keys or (200_000 if args.quick else 4_000_000)
     args.partition_counts = [5, 17] if args.quick else [5, 9, 17, 33]
     if args.max_wait is None:
         args.max_wait = 0

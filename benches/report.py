@@ -53,6 +53,15 @@ def targets(bench):
         for clients in bench.args.clients:
             add(f"claim latency at {human(bench.args.growth_sizes[-1])} retained keys within 1.2x of empty ({PG_DURABILITY[cls]}, {clients} clients)",
                 "<= 1.20", ratio("g_2", "g_0", cls, clients, "p50_ms"), lambda v: v <= 1.2, "p50 latency g_2 / g_0")
+    # Issue 12: claims cost the same at any retention.
+    for prefix, what in (("wk", "a week"), ("mo", "30 days")):
+        add(f"{what} of keys: idem_once >= 0.9x floor (pg sync=on)", ">= 0.90", ratio(f"{prefix}_w2a", f"{prefix}_w1", "on"),
+            lambda v: v >= 0.9, f"throughput {prefix}_w2a / {prefix}_w1, {human(bench.args.retained_keys)} keys, {top} clients")
+        add(f"{what} of keys: claim + complete >= 1.0x 5a (pg sync=on)", ">= 1.00", ratio(f"{prefix}_w3", f"{prefix}_w5a", "on"),
+            lambda v: v >= 1.0, f"throughput {prefix}_w3 / {prefix}_w5a, {human(bench.args.retained_keys)} keys, {top} clients")
+    counts = bench.args.partition_counts
+    add(f"{counts[-1]} partitions >= 0.95x the claims/s of {counts[0]}", ">= 0.95",
+        ratio(f"p_{len(counts) - 1}", "p_0", "off", 1), lambda v: v >= 0.95, "throughput, 1 client, sync=off")
     drop = next((r for r in bench.retention_rows if r["method"].startswith("drop")), None)
     delete = next((r for r in bench.retention_rows if r["method"].startswith("DELETE ...")), None)
     if drop and delete:

@@ -53,12 +53,21 @@ WORKLOADS = {
     "p_1": ("partitions", "8b idem_claim, {n} partitions", "tx/s"),
     "p_2": ("partitions", "8b idem_claim, {n} partitions", "tx/s"),
     "p_3": ("partitions", "8b idem_claim, {n} partitions", "tx/s"),
+    # Production shape: a week (then 30 days) of retained keys in daily partitions, every table holding them.
+    "wk_w1": ("week", "10 floor, {n} keys retained", "tx/s"),
+    "wk_w2a": ("week", "10 idem_once, {n} keys over 7 daily partitions", "tx/s"),
+    "wk_w5a": ("week", "10 5a INSERT PENDING; UPDATE COMPLETED, {n} keys", "msg/s"),
+    "wk_w3": ("week", "10 idem_claim + idem_complete, {n} keys over 7 daily partitions", "msg/s"),
+    "mo_w1": ("month", "10 floor, {n} keys retained", "tx/s"),
+    "mo_w2a": ("month", "10 idem_once, {n} keys over 30 daily partitions", "tx/s"),
+    "mo_w5a": ("month", "10 5a INSERT PENDING; UPDATE COMPLETED, {n} keys", "msg/s"),
+    "mo_w3": ("month", "10 idem_claim + idem_complete, {n} keys over 30 daily partitions", "msg/s"),
 }
 REFERENCE = {
     "dedup": "w1", "business": "w5a_biz", "message": "w5a", "batch": "r_nx_p16",
-    "pydriver": "py_floor", "growth": "g_0", "partitions": "p_0",
+    "pydriver": "py_floor", "growth": "g_0", "partitions": "p_0", "week": "wk_w1", "month": "mo_w1",
 }
-GROUP_ORDER = ["dedup", "business", "message", "batch", "pydriver", "growth", "partitions"]
+GROUP_ORDER = ["dedup", "business", "message", "batch", "pydriver", "growth", "partitions", "week", "month"]
 # In this order, so that the rows a ratio compares run back to back (noise hits them alike).
 PGBENCH_SCRIPTS = {
     "w1": "w1_floor.sql", "w2a": "w2a_once.sql", "w5c": "w5c_plain_insert.sql",
@@ -308,11 +317,58 @@ def partition_scaling(bench):
     for level, n in enumerate(a.partition_counts):
         def fn(n=n):
             set_partition_count(bench, n)
+            bench.admin.q("SELECT FROM idem_maintenance()")  # seals the past partitions, as the worker would
             reset_tables(bench.admin)
             return run_pgbench("w8_claim.sql", 1, a.duration, "off", {"dup": 0, "dupkeys": DUPKEYS})
         jobs.append(job(f"p_{level}", "new", "off", PG_DURABILITY["off"], 1, "pgbench", fn,
                         extra_label={"n": n}, extra={"partitions": n}))
     bench.run_jobs(jobs)
+
+
+# ---- workload 10: production shape
+def production_shape(bench):
+    """Default GUCs, `keys` completed keys spread over the past 7 (then 30) daily partitions, sealed by a
+    maintenance round as the worker would; the floor table and the hand-written table hold the same
+    number of keys. New keys only, synchronous_commit = on, the largest client count. Tables are not
+    reset between runs: the runs add a few tens of thousands of keys to millions."""
+    a = bench.args
+    keys = a.retained_keys
+    clients = max(a.clients)
+    for group, prefix, days in (("week", "wk", 7), ("month", "mo", 30)):
+        if not bench.wanted(f"{prefix}_"):
+            continue
+        log(f"{group}: {keys:,} retained keys over {days} daily partitions")
+        t0 = time.time()
+        reset_tables(bench.admin)
+        if days > 7:
+            bench.admin.q("ALTER SYSTEM SET idempotency.retention = '%s days'" % (days + 1))
+            bench.admin.q("SELECT pg_reload_conf()")
+            time.sleep(0.5)
+        parts = past_partitions(bench, days + 1)[:-1]  # the past days, not today's
+        load_retained(bench, parts, 1, keys, len(parts))
+        bench.admin.q("INSERT INTO floor_keys (key) SELECT ((g * 999983) %% 10000000019)::text "
+                      "FROM generate_series(1, %s) g", (keys,))
+        bench.admin.q("INSERT INTO idempotency_keys (idempotency_key, status, response_payload) "
+                      "SELECT ((g * 999983) %% 10000000019)::text, 'COMPLETED', %s::jsonb "
+                      "FROM generate_series(1, %s) g", (PAYLOAD, keys))
+        bench.admin.q("VACUUM ANALYZE floor_keys, idempotency_keys, idempotency.records")
+        bench.admin.q("SELECT FROM idem_maintenance()")
+        sealed = bench.admin.one("SELECT count(*) FROM idempotency.sealed WHERE blocks > 0")
+        nparts = len(partitions(bench))
+        log(f"{group}: loaded in {time.time() - t0:.0f}s; {nparts} partitions, {sealed} sealed with filters")
+        jobs = []
+        for wid, script in (("w1", "w1_floor.sql"), ("w2a", "w2a_once.sql"), ("w5a", "w5a_pending_update.sql"),
+                            ("w3", "w3_claim_complete.sql")):
+            def fn(script=script):
+                bench.admin.q("CHECKPOINT")
+                return run_pgbench(script, clients, a.duration, "on", {"dup": 0, "dupkeys": DUPKEYS})
+            jobs.append(job(f"{prefix}_{wid}", "new", "on", PG_DURABILITY["on"], clients, "pgbench", fn,
+                            extra_label={"n": human(keys)},
+                            extra={"retained": keys, "partitions": nparts, "sealed": sealed}))
+        bench.run_jobs(jobs)
+        if days > 7:
+            bench.admin.q("ALTER SYSTEM RESET idempotency.retention")
+            bench.admin.q("SELECT pg_reload_conf()")
 
 
 # ---- workload 9: retention
