@@ -237,7 +237,9 @@ def interval(bench):
 
 def past_partitions(bench, count):
     """The `count` partitions ending with the current one (created for past days if needed)."""
-    bench.admin.q("SELECT idempotency.premake_partitions(now() - %s::interval * %s)", (interval(bench), count - 1))
+    # premake_partitions makes its slot and `premake` ahead: one call per past slot leaves no gap.
+    for k in range(count - 1, 0, -1):
+        bench.admin.q("SELECT idempotency.premake_partitions(now() - %s::interval * %s)", (interval(bench), k))
     now = bench.admin.one("SELECT now()")
     parts = [p for p in partitions(bench) if p[1] <= now]
     return parts[-count:]
@@ -341,16 +343,16 @@ def production_shape(bench):
         t0 = time.time()
         reset_tables(bench.admin)
         if days > 7:
-            bench.admin.q("ALTER SYSTEM SET idempotency.retention = '%s days'" % (days + 1))
+            bench.admin.q("ALTER SYSTEM SET idempotency.retention = '%sd'" % (days + 1))
             bench.admin.q("SELECT pg_reload_conf()")
             time.sleep(0.5)
         parts = past_partitions(bench, days + 1)[:-1]  # the past days, not today's
         load_retained(bench, parts, 1, keys, len(parts))
         bench.admin.q("INSERT INTO floor_keys (key) SELECT ((g * 999983) %% 10000000019)::text "
-                      "FROM generate_series(1, %s) g", (keys,))
+                      "FROM generate_series(1, %s::bigint) g", (keys,))
         bench.admin.q("INSERT INTO idempotency_keys (idempotency_key, status, response_payload) "
                       "SELECT ((g * 999983) %% 10000000019)::text, 'COMPLETED', %s::jsonb "
-                      "FROM generate_series(1, %s) g", (PAYLOAD, keys))
+                      "FROM generate_series(1, %s::bigint) g", (PAYLOAD, keys))
         bench.admin.q("VACUUM ANALYZE floor_keys, idempotency_keys, idempotency.records")
         bench.admin.q("SELECT FROM idem_maintenance()")
         sealed = bench.admin.one("SELECT count(*) FROM idempotency.sealed WHERE blocks > 0")
