@@ -77,7 +77,8 @@ def test_pointers():
     assert resolve_pointer(doc, "/items/1") == 11
     for p in ("/items/-", "/items/01", "/items/-1", "/items/2", "/nope", "/a~1b/x"):
         assert resolve_pointer(doc, p) is MISSING, p
-    for bad in ("a", "items/0", "/a~2", "/a~"):
+    assert resolve_pointer({"a~2": 5}, "/a~2") == 5 and resolve_pointer({"a~": 6}, "/a~") == 6  # as in SQL
+    for bad in ("a", "items/0", "~1"):
         with pytest.raises(ValueError):
             fingerprint(doc, [bad])
     with pytest.raises(TypeError):

@@ -85,6 +85,7 @@ FP_CASES = [
     (POINTERS, ["/s/0"]),
     (POINTERS, ["/nil"]),
     (POINTERS, ["/nil/x"]),
+    ({"a~2": 1, "a~": 2, "~": 3}, ["/a~2", "/a~", "/~"]),  # '~' not followed by 0 or 1: taken literally
     ({"order": {"customer": "cust-7", "amount": 19.9, "currency": "EUR", "note": "ignored"}},
      ["/order/customer", "/order/amount", "/order/currency"]),
     (UNICODE, ["/€", "/😀", "/s"]),

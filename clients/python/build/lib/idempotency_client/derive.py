@@ -89,15 +89,9 @@ def _tokens(pointer: str) -> list:
         return []
     if not pointer.startswith("/"):
         raise ValueError(f"not a JSON Pointer (RFC 6901): {pointer!r} (must be empty or start with '/')")
-    out = []
-    for raw in pointer[1:].split("/"):
-        i = raw.find("~")
-        while i != -1:
-            if raw[i + 1:i + 2] not in ("0", "1"):
-                raise ValueError(f"not a JSON Pointer (RFC 6901): {pointer!r} ('~' must be followed by 0 or 1)")
-            i = raw.find("~", i + 2)
-        out.append(raw.replace("~1", "/").replace("~0", "~"))
-    return out
+    # '~1' -> '/', then '~0' -> '~'; a '~' followed by anything else stays as it is (the SQL function does
+    # the same, so both agree on such pointers instead of one of them raising).
+    return [raw.replace("~1", "/").replace("~0", "~") for raw in pointer[1:].split("/")]
 
 
 def resolve_pointer(document: Any, pointer: str) -> Any:
