@@ -35,7 +35,7 @@ class FakeConsumer:
     def __init__(self, group, logs):
         self.group, self.logs = group, logs  # logs: {(topic, partition): [FakeMessage]}, shared "broker"
         self.generation = -1
-        self.positions, self.committed, self.on_assign = {}, logs.setdefault("_committed", {}), None
+        self.positions, self.broker_committed, self.on_assign = {}, logs.setdefault("_committed", {}), None
 
     # librdkafka's serialization: magic, native int32 generation, then group id and more
     def consumer_group_metadata(self):
@@ -54,7 +54,7 @@ class FakeConsumer:
         for tp in partitions:
             off = tp.offset
             if off < 0:  # OFFSET_INVALID / STORED: the broker's committed offset, else earliest
-                off = self.committed.get((tp.topic, tp.partition), 0)
+                off = self.broker_committed.get((tp.topic, tp.partition), 0)
             self.positions[(tp.topic, tp.partition)] = off
 
     incremental_assign = assign
@@ -73,7 +73,7 @@ class FakeConsumer:
 
     def commit(self, offsets=None, asynchronous=True):
         for tp in offsets:
-            self.committed[(tp.topic, tp.partition)] = tp.offset
+            self.broker_committed[(tp.topic, tp.partition)] = tp.offset
 
 
 def produce(logs, topic, partition, key, value):
@@ -122,7 +122,7 @@ def test_seek_from_database_process_and_crash_before_broker_commit(connect, tabl
     c1.rebalance(4, [("orders", 0), ("orders", 1)])
     assert ic.generation == 4
     out = ic.process(ic.poll_batch(100), make_apply(table, calls))
-    assert len(out) == 10 and c1.committed == {}
+    assert len(out) == 10 and c1.broker_committed == {}
     applied = count(conn, table)
     assert applied == len({header_key()(m) for m in sum((logs[("orders", p)] for p in (0, 1)), [])})
     # a new member of the group: the broker has nothing committed, the database says where to go on
@@ -136,7 +136,7 @@ def test_seek_from_database_process_and_crash_before_broker_commit(connect, tabl
     calls.clear()
     out = ic2.process(ic2.poll_batch(100), make_apply(table, calls))
     assert [i.outcome for i in out] == ["processed"] and calls == [5]
-    assert c2.committed[("orders", 1)] == 6  # the courtesy commit after the database's
+    assert c2.broker_committed[("orders", 1)] == 6  # the courtesy commit after the database's
     assert count(conn, table) == applied + 1
 
 
@@ -181,7 +181,7 @@ def test_handle_one_message_with_dead_letter(connect, table, scope):
         ic.handle(m1, make_apply(table, calls))
     assert ic.handle(m2, make_apply(table, calls)) == ({"offset": 0}, True)
     assert status(conn, "b", scope)["status"] == "failed" and count(conn, table) == 1
-    assert ic.stored_offsets() == {("t", 0): 3} and c.committed[("t", 0)] == 3
+    assert ic.stored_offsets() == {("t", 0): 3} and c.broker_committed[("t", 0)] == 3
 
 
 def test_handle_retryable_failure_rewinds(connect, table, scope):
@@ -201,3 +201,64 @@ def test_handle_retryable_failure_rewinds(connect, table, scope):
         ic.handle(m, flaky)
     assert c.positions[("t", 0)] == 0 and ic.stored_offsets() == {}
     assert status(conn, "r", scope)["error"]["error"] == "OSError"
+
+
+class PollingFakeConsumer(FakeConsumer):
+    """FakeConsumer with the poll-loop surface examples/python/orders.py uses (poll, committed, close): the
+    first poll delivers the assignment of every partition of the log in a new generation, as a join does."""
+
+    generations = iter(range(10, 1000))
+
+    def __init__(self, conf, logs):
+        super().__init__(conf["group.id"], logs)
+
+    def poll(self, timeout=None):
+        if not self.positions:
+            parts = sorted(k for k in self.logs if isinstance(k, tuple) and k[0] in self.topics)
+            self.rebalance(next(self.generations), parts)
+        got = self.consume(1)
+        return got[0] if got else None
+
+    def committed(self, partitions, timeout=None):
+        return [TopicPartition(tp.topic, tp.partition, self.broker_committed.get((tp.topic, tp.partition), OFFSET_INVALID))
+                for tp in partitions]
+
+    def commit(self, message=None, offsets=None, asynchronous=True):
+        if message is not None:
+            self.broker_committed[(message.topic(), message.partition())] = message.offset() + 1
+        else:
+            super().commit(offsets=offsets, asynchronous=asynchronous)
+
+    def close(self):
+        pass
+
+
+def test_the_python_example_consume_loop(connect, monkeypatch):
+    """examples/python/orders.py's consume() (its decorator and offsets now from this package), run twice
+    against the fake broker side: the first run "crashes" before its last broker commit, the second finds
+    nothing to redo, as in the example's own check against a real broker."""
+    import importlib.util
+    import json
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[3]
+    spec = importlib.util.spec_from_file_location("orders_example", root / "examples" / "python" / "orders.py")
+    orders = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(orders)
+    logs = {}
+    monkeypatch.setattr(orders, "Consumer", lambda conf: PollingFakeConsumer(conf, logs))
+    conn = connect()
+    conn.execute("DROP TABLE IF EXISTS orders")
+    conn.execute("CREATE TABLE orders (id bigserial PRIMARY KEY, customer text, amount int)")
+    for i in range(40):
+        for _ in range(2 if i % 4 == 0 else 1):
+            log = logs.setdefault((orders.TOPIC, i % 2), [])
+            log.append(FakeMessage(orders.TOPIC, i % 2, len(log), f"cust-{i % 7}".encode(),
+                                   json.dumps({"customer": f"cust-{i % 7}", "amount": 100 + i}).encode(),
+                                   [("idempotency-key", f"order-{i}".encode())]))
+    ends = {p: len(logs[(orders.TOPIC, p)]) for p in (0, 1)}
+    applied, replayed = orders.consume(conn, ends, skip_last_broker_commit=True)
+    applied2, replayed2 = orders.consume(conn, ends)
+    assert (applied, replayed, applied2, replayed2) == (40, 10, 0, 0)
+    assert conn.execute("SELECT count(*) FROM orders").fetchone()[0] == 40
+    conn.execute("DROP TABLE orders")
