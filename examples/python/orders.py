@@ -7,60 +7,37 @@ transaction. A duplicate (producer retry, redelivery after a crash, rebalance) f
 gets the stored result back instead of a second order. The broker commit comes after, as a courtesy: on
 (re)assignment the consumer seeks to the offsets stored in the database.
 
+The decorator, the offset calls and the generation come from the package clients/python
+(idempotency-client: `pip install ./clients/python[kafka]`, which examples/python/run does).
+
 Run: examples/python/run  (produces its own input, consumes it twice, checks the orders table).
 """
-import functools
 import json
 import os
 import sys
 import time
 
 import psycopg
-from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
-from psycopg.types.json import Jsonb
+from idempotency_client import idempotent, offsets, record_offset
+from idempotency_client.kafka import group_generation
 
 BOOTSTRAP = os.environ.get("KAFKA_BOOTSTRAP", "127.0.0.1:54376")
 RUN = int(time.time())
 TOPIC, GROUP = f"orders-{RUN}", f"order-service-{RUN}"  # fresh names: the example can run again
 
 
-def idempotent(scope):
-    """Make `handler(conn, *args) -> dict` run at most once per key, inside the caller's transaction.
-
-    Returns (result, replayed): the handler's result, or on a duplicate the result stored the first time.
-    """
-    def decorate(handler):
-        @functools.wraps(handler)
-        def wrapper(conn, key, *args):
-            outcome, payload = conn.execute(
-                "SELECT outcome, payload FROM idem_claim(%s, scope => %s)", (key, scope)).fetchone()
-            if outcome == "completed":
-                return payload, True
-            if outcome != "claimed":  # failed / mismatch / in_progress: not expected in this example
-                raise RuntimeError(f"{key}: {outcome}")
-            result = handler(conn, *args)
-            conn.execute("SELECT idem_complete(%s, %s, %s)", (key, Jsonb(result), scope))
-            return result, False
-        return wrapper
-    return decorate
-
-
 @idempotent("orders")
 def place_order(conn, order):
-    """The business write. Without the decorator, every duplicate would place a second order."""
+    """The business write. Without the decorator, every duplicate would place a second order.
+
+    Called as place_order(conn, key, order) -> (result, replayed): idem_claim the key; on `claimed` run this
+    body and idem_complete the key with its result; on `completed` return the stored result instead."""
     (order_id,) = conn.execute(
         "INSERT INTO orders (customer, amount) VALUES (%(customer)s, %(amount)s) RETURNING id",
         order).fetchone()
     return {"order_id": order_id}
-
-
-def generation_of(consumer):
-    """The consumer group generation, from librdkafka's serialized group metadata
-    (b"CGMDv2:" + int32 generation id): it grows at every rebalance, which is what fencing needs."""
-    meta = consumer.consumer_group_metadata()
-    assert meta[:7] == b"CGMDv2:", meta[:7]
-    return int.from_bytes(meta[7:11], sys.byteorder, signed=True)
 
 
 def consume(conn, stop_at, skip_last_broker_commit=False):
@@ -71,9 +48,9 @@ def consume(conn, stop_at, skip_last_broker_commit=False):
 
     def on_assign(c, partitions):
         # Seek from the database, not from the broker: the database commit is the truth.
-        state["generation"] = generation_of(c)
-        stored = {p: n for p, n in conn.execute(
-            "SELECT partition, next_offset FROM idem_offsets(%s, %s)", (GROUP, TOPIC))}
+        # the group generation (librdkafka's, read from its group metadata: see idempotency_client.kafka)
+        state["generation"] = group_generation(c)
+        stored = {p: n for (_t, p), n in offsets(conn, GROUP, TOPIC).items()}
         broker = {tp.partition: tp.offset for tp in c.committed(partitions, timeout=10)}
         for tp in partitions:
             tp.offset = stored.get(tp.partition, OFFSET_BEGINNING)
@@ -85,8 +62,7 @@ def consume(conn, stop_at, skip_last_broker_commit=False):
 
     consumer.subscribe([TOPIC], on_assign=on_assign)
     applied = replayed = 0
-    done = {p: n for p, n in conn.execute(
-        "SELECT partition, next_offset FROM idem_offsets(%s, %s)", (GROUP, TOPIC))}
+    done = {p: n for (_t, p), n in offsets(conn, GROUP, TOPIC).items()}
     while not state["assigned"] or any(done.get(p, 0) < end for p, end in stop_at.items()):
         msg = consumer.poll(1.0)
         if msg is None or msg.error():
@@ -94,8 +70,7 @@ def consume(conn, stop_at, skip_last_broker_commit=False):
         key = dict(msg.headers())["idempotency-key"].decode()
         with conn.transaction():  # ONE transaction: claim, order, stored result, offset
             result, was_dup = place_order(conn, key, json.loads(msg.value()))
-            conn.execute("SELECT idem_record_offset(%s, %s, %s, %s, generation => %s)",
-                         (GROUP, TOPIC, msg.partition(), msg.offset(), state["generation"]))
+            record_offset(conn, GROUP, TOPIC, msg.partition(), msg.offset(), state["generation"])
         replayed += was_dup
         applied += not was_dup
         done[msg.partition()] = msg.offset() + 1

@@ -1,0 +1,264 @@
+"""The confluent-kafka helper against a real cluster, with a thin fake of the broker side only.
+
+FakeConsumer stands in for confluent_kafka.Consumer's broker-facing methods (subscribe, consume, assign,
+seek, commit, consumer_group_metadata): an in-memory log per partition, a group generation that the test
+bumps to simulate rebalances, committed offsets. Everything on the database side is real, and the
+partitions are real confluent_kafka.TopicPartition objects. No broker runs in these tests; the README says so.
+"""
+import sys
+
+import confluent_kafka
+import pytest
+from confluent_kafka import OFFSET_INVALID, TopicPartition
+from psycopg.types.json import Jsonb
+
+from idempotency_client import Fenced, TerminalError
+from idempotency_client.kafka import IdempotentConsumer, UnsupportedGroupMetadata, group_generation, header_key
+
+from conftest import count, status
+
+
+class FakeMessage:
+    def __init__(self, topic, partition, offset, key, value, headers):
+        self._t, self._p, self._o, self._k, self._v, self._h = topic, partition, offset, key, value, headers
+
+    def topic(self): return self._t
+    def partition(self): return self._p
+    def offset(self): return self._o
+    def key(self): return self._k
+    def value(self): return self._v
+    def headers(self): return self._h
+    def error(self): return None
+
+
+class FakeConsumer:
+    def __init__(self, group, logs):
+        self.group, self.logs = group, logs  # logs: {(topic, partition): [FakeMessage]}, shared "broker"
+        self.generation = -1
+        self.positions, self.broker_committed, self.on_assign = {}, logs.setdefault("_committed", {}), None
+
+    # librdkafka's serialization: magic, native int32 generation, then group id and more
+    def consumer_group_metadata(self):
+        return b"CGMDv2:" + self.generation.to_bytes(4, sys.byteorder, signed=True) + self.group.encode() + b"\0"
+
+    def subscribe(self, topics, on_assign=None, on_revoke=None, on_lost=None):
+        self.topics, self.on_assign, self.on_revoke = topics, on_assign, on_revoke
+
+    def rebalance(self, generation, partitions):
+        """What the group coordinator does: a new generation, these partitions for this member."""
+        self.generation = generation
+        self.positions = {}
+        self.on_assign(self, [TopicPartition(t, p) for t, p in partitions])
+
+    def assign(self, partitions):
+        for tp in partitions:
+            off = tp.offset
+            if off < 0:  # OFFSET_INVALID / STORED: the broker's committed offset, else earliest
+                off = self.broker_committed.get((tp.topic, tp.partition), 0)
+            self.positions[(tp.topic, tp.partition)] = off
+
+    incremental_assign = assign
+
+    def seek(self, tp):
+        self.positions[(tp.topic, tp.partition)] = tp.offset
+
+    def consume(self, num_messages=1, timeout=-1):
+        out = []
+        for tp, pos in sorted(self.positions.items()):
+            log = self.logs.get(tp, [])
+            take = log[pos:pos + num_messages - len(out)]
+            out += take
+            self.positions[tp] = pos + len(take)
+        return out
+
+    def commit(self, offsets=None, asynchronous=True):
+        for tp in offsets:
+            self.broker_committed[(tp.topic, tp.partition)] = tp.offset
+
+
+def produce(logs, topic, partition, key, value):
+    log = logs.setdefault((topic, partition), [])
+    log.append(FakeMessage(topic, partition, len(log), None, value, [("idempotency-key", key.encode())]))
+
+
+def test_group_generation_reads_real_librdkafka_metadata():
+    c = confluent_kafka.Consumer({"bootstrap.servers": "127.0.0.1:9", "group.id": "g", "log_level": 0})
+    try:
+        assert c.consumer_group_metadata()[:7] == b"CGMDv2:"  # the real library's format, no broker needed
+        assert group_generation(c) is None  # -1 before joining a group
+    finally:
+        c.close()
+
+    class M:
+        def __init__(self, m): self.m = m
+        def consumer_group_metadata(self): return self.m
+
+    assert group_generation(M(b"CGMDv2:" + (17).to_bytes(4, sys.byteorder, signed=True) + b"g\0")) == 17
+    with pytest.raises(UnsupportedGroupMetadata):
+        group_generation(M(b"CGMDv3:\0\0\0\1"))
+    with pytest.raises(UnsupportedGroupMetadata):
+        group_generation(M(object()))
+
+
+def make_apply(table, calls):
+    def apply(conn, msg):
+        calls.append(msg.offset())
+        if msg.value() == b"poison":
+            raise TerminalError("unparseable")
+        conn.execute(f"INSERT INTO {table} (k, v) VALUES (%s, %s)", (header_key()(msg), Jsonb(msg.value().decode())))
+        return {"offset": msg.offset()}
+    return apply
+
+
+def test_seek_from_database_process_and_crash_before_broker_commit(connect, table, scope):
+    logs, calls = {}, []
+    for i in range(10):
+        produce(logs, "orders", i % 2, f"order-{i // 2 if i % 5 == 0 else i}", f"v{i}".encode())
+    conn = connect()
+    group = "svc-" + scope
+    c1 = FakeConsumer(group, logs)
+    ic = IdempotentConsumer(c1, conn, group, commit_to_broker=False)  # "crashes" before every broker commit
+    ic.subscribe(["orders"])
+    c1.rebalance(4, [("orders", 0), ("orders", 1)])
+    assert ic.generation == 4
+    out = ic.process(ic.poll_batch(100), make_apply(table, calls))
+    assert len(out) == 10 and c1.broker_committed == {}
+    applied = count(conn, table)
+    assert applied == len({header_key()(m) for m in sum((logs[("orders", p)] for p in (0, 1)), [])})
+    # a new member of the group: the broker has nothing committed, the database says where to go on
+    c2 = FakeConsumer(group, logs)
+    ic2 = IdempotentConsumer(c2, conn, group)
+    ic2.subscribe(["orders"])
+    c2.rebalance(5, [("orders", 0), ("orders", 1)])
+    assert c2.positions == {("orders", 0): 5, ("orders", 1): 5}
+    assert ic2.poll_batch(100) == []
+    produce(logs, "orders", 1, "order-new", b"vnew")
+    calls.clear()
+    out = ic2.process(ic2.poll_batch(100), make_apply(table, calls))
+    assert [i.outcome for i in out] == ["processed"] and calls == [5]
+    assert c2.broker_committed[("orders", 1)] == 6  # the courtesy commit after the database's
+    assert count(conn, table) == applied + 1
+
+
+def test_zombie_is_fenced_and_rewound(connect, table, scope):
+    logs, calls = {}, []
+    for i in range(4):
+        produce(logs, "pay", 0, f"p{i}", b"x")
+    conn, group = connect(), "z-" + scope
+    old, new = FakeConsumer(group, logs), FakeConsumer(group, logs)
+    zombie, live = IdempotentConsumer(old, conn, group), IdempotentConsumer(new, connect(), group)
+    zombie.subscribe(["pay"])
+    live.subscribe(["pay"])
+    old.rebalance(7, [("pay", 0)])
+    batch = zombie.poll_batch(2)  # polled in generation 7, then the zombie stalls
+    new.rebalance(8, [("pay", 0)])  # the partition moves on
+    live.process(live.poll_batch(100), make_apply(table, calls))
+    with pytest.raises(Fenced) as ei:
+        zombie.process(batch, make_apply(table, calls))
+    assert ei.value.generation == 7 and ei.value.partition == 0
+    assert old.positions[("pay", 0)] == 0  # rewound to the batch's first offset
+    assert count(conn, table) == 4 and calls == [0, 1, 2, 3]  # its keys were done: replayed, then fenced
+    # a message only the zombie has: its handler runs, and its work goes with the fenced transaction
+    produce(logs, "pay", 0, "p4", b"x")
+    with pytest.raises(Fenced):
+        zombie.process([logs[("pay", 0)][4]], make_apply(table, calls))
+    assert calls[-1] == 4 and count(conn, table) == 4 and status(conn, "p4", "z-" + scope) is None
+
+
+def test_handle_one_message_with_dead_letter(connect, table, scope):
+    logs, calls = {}, []
+    produce(logs, "t", 0, "a", b"ok")
+    produce(logs, "t", 0, "b", b"poison")
+    produce(logs, "t", 0, "a", b"ok")
+    conn, group = connect(), "h-" + scope
+    c = FakeConsumer(group, logs)
+    ic = IdempotentConsumer(c, conn, group, scope=scope)
+    ic.subscribe(["t"])
+    c.rebalance(1, [("t", 0)])
+    m0, m1, m2 = ic.poll_batch(3)
+    assert ic.handle(m0, make_apply(table, calls)) == ({"offset": 0}, False)
+    with pytest.raises(TerminalError):  # terminal: recorded and the offset moves past it: dead-letter it
+        ic.handle(m1, make_apply(table, calls))
+    assert ic.handle(m2, make_apply(table, calls)) == ({"offset": 0}, True)
+    assert status(conn, "b", scope)["status"] == "failed" and count(conn, table) == 1
+    assert ic.stored_offsets() == {("t", 0): 3} and c.broker_committed[("t", 0)] == 3
+
+
+def test_handle_retryable_failure_rewinds(connect, table, scope):
+    logs = {}
+    produce(logs, "t", 0, "r", b"x")
+    conn, group = connect(), "r-" + scope
+    c = FakeConsumer(group, logs)
+    ic = IdempotentConsumer(c, conn, group, scope=scope)
+    ic.subscribe(["t"])
+    c.rebalance(1, [("t", 0)])
+    (m,) = ic.poll_batch(1)
+
+    def flaky(conn, msg):
+        raise OSError("disk full")
+
+    with pytest.raises(OSError):
+        ic.handle(m, flaky)
+    assert c.positions[("t", 0)] == 0 and ic.stored_offsets() == {}
+    assert status(conn, "r", scope)["error"]["error"] == "OSError"
+
+
+class PollingFakeConsumer(FakeConsumer):
+    """FakeConsumer with the poll-loop surface examples/python/orders.py uses (poll, committed, close): the
+    first poll delivers the assignment of every partition of the log in a new generation, as a join does."""
+
+    generations = iter(range(10, 1000))
+
+    def __init__(self, conf, logs):
+        super().__init__(conf["group.id"], logs)
+
+    def poll(self, timeout=None):
+        if not self.positions:
+            parts = sorted(k for k in self.logs if isinstance(k, tuple) and k[0] in self.topics)
+            self.rebalance(next(self.generations), parts)
+        got = self.consume(1)
+        return got[0] if got else None
+
+    def committed(self, partitions, timeout=None):
+        return [TopicPartition(tp.topic, tp.partition, self.broker_committed.get((tp.topic, tp.partition), OFFSET_INVALID))
+                for tp in partitions]
+
+    def commit(self, message=None, offsets=None, asynchronous=True):
+        if message is not None:
+            self.broker_committed[(message.topic(), message.partition())] = message.offset() + 1
+        else:
+            super().commit(offsets=offsets, asynchronous=asynchronous)
+
+    def close(self):
+        pass
+
+
+def test_the_python_example_consume_loop(connect, monkeypatch):
+    """examples/python/orders.py's consume() (its decorator and offsets now from this package), run twice
+    against the fake broker side: the first run "crashes" before its last broker commit, the second finds
+    nothing to redo, as in the example's own check against a real broker."""
+    import importlib.util
+    import json
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[3]
+    spec = importlib.util.spec_from_file_location("orders_example", root / "examples" / "python" / "orders.py")
+    orders = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(orders)
+    logs = {}
+    monkeypatch.setattr(orders, "Consumer", lambda conf: PollingFakeConsumer(conf, logs))
+    conn = connect()
+    conn.execute("DROP TABLE IF EXISTS orders")
+    conn.execute("CREATE TABLE orders (id bigserial PRIMARY KEY, customer text, amount int)")
+    for i in range(40):
+        for _ in range(2 if i % 4 == 0 else 1):
+            log = logs.setdefault((orders.TOPIC, i % 2), [])
+            log.append(FakeMessage(orders.TOPIC, i % 2, len(log), f"cust-{i % 7}".encode(),
+                                   json.dumps({"customer": f"cust-{i % 7}", "amount": 100 + i}).encode(),
+                                   [("idempotency-key", f"order-{i}".encode())]))
+    ends = {p: len(logs[(orders.TOPIC, p)]) for p in (0, 1)}
+    applied, replayed = orders.consume(conn, ends, skip_last_broker_commit=True)
+    applied2, replayed2 = orders.consume(conn, ends)
+    assert (applied, replayed, applied2, replayed2) == (40, 10, 0, 0)
+    assert conn.execute("SELECT count(*) FROM orders").fetchone()[0] == 40
+    conn.execute("DROP TABLE orders")
