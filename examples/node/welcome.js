@@ -1,14 +1,16 @@
 // Node: the guard pattern (pg + kafkajs) — claim, process, complete, release on error.
 //
-// The usual Redis recipe (SET key NX EX 30, do the work, DEL on error) is replaced by the extension:
-// the claim is a lease with a fencing token in PostgreSQL, the result is stored with the key, and a
-// failed attempt is released for the next delivery instead of being lost or done twice. The side effect
-// here is a welcome e-mail sent through a flaky mailer outside the database (two-transaction mode:
-// each of claim / complete / release is its own short transaction).
+// The usual Redis recipe (SET key NX EX 30, do the work, DEL on error) is replaced by the extension,
+// through the project's Node client (clients/node, `idempotency-client`): the claim is a lease with a
+// fencing token in PostgreSQL, kept alive by heartbeats while the work runs, the result is stored with
+// the key, and a failed attempt is released for the next delivery instead of being lost or done twice.
+// The side effect here is a welcome e-mail sent through a flaky mailer outside the database
+// (two-transaction mode: withLease; for work inside the database, see the client's guard/eachMessage).
 //
 // Run: examples/node/run   (produces its own sign-ups, duplicates included, and checks the outbox).
 import kafkajs from "kafkajs";
 import pg from "pg";
+import { withLease, HandlerError, InProgressError, isTerminal } from "idempotency-client";
 
 const { Kafka, logLevel } = kafkajs;
 const run = Date.now();
@@ -16,41 +18,29 @@ const topic = `signups-${run}`;
 const pool = new pg.Pool({ host: process.env.IDEM_SOCKDIR, port: Number(process.env.IDEM_PORT),
                            database: "ex_node", user: "postgres", max: 4 });
 
-// The guard: one thin wrapper. `work(attempt)` runs at most once successfully per key; a duplicate
-// gets the stored result back; a thrown error releases the key (idem_fail, retryable) and is rethrown
-// so that the broker redelivers and the next attempt can claim it again.
-async function guard(key, work, { scope = "emails", ttl = "30 seconds" } = {}) {
-  const { rows: [claim] } = await pool.query(
-    "SELECT outcome, token, attempts, payload FROM idem_claim($1, ttl => $2::interval, scope => $3)",
-    [key, ttl, scope]);
-  switch (claim.outcome) {
-    case "completed": return { replayed: true, result: claim.payload };
-    case "claimed": break;
-    case "in_progress": throw new Error(`${key} is being processed elsewhere`); // redelivered later
-    default: return { deadLetter: true, error: claim.payload };                  // failed / mismatch
-  }
+// The guard: `work(attempt)` runs at most once successfully per key; a duplicate gets the stored result
+// back; a thrown error releases the key (idem_fail, retryable) and comes back as a HandlerError, which
+// the consumer rethrows so that the broker redelivers and the next attempt can claim the key again.
+async function guard(key, work) {
   try {
-    const result = await work(claim.attempts);
-    // the token proves we still hold the lease; 55006 if it was taken over meanwhile
-    await pool.query("SELECT idem_complete($1, $2, $3, $4)", [key, result, scope, claim.token]);
-    return { replayed: false, result };
+    const r = await withLease(pool, key, (lease) => work(lease.key), { scope: "emails", ttlMs: 30_000 });
+    return { replayed: r.replayed, result: r.result };
   } catch (err) {
-    await pool.query("SELECT idem_fail($1, $2, true, $3, $4)",
-                     [key, { error: err.message }, scope, claim.token]);
-    throw err;
+    if (isTerminal(err)) return { deadLetter: true, error: err.message };   // failed: dead-letter it
+    throw err; // InProgressError (another consumer holds the lease), HandlerError (released), DB errors
   }
 }
 
 // The outside world: a mailer that fails the first attempt for every 5th user.
 const outbox = [];
 const flaky = new Set();
-async function sendWelcome(user, attempt) {
+async function sendWelcome(user, key) {
   if (user.id % 5 === 0 && !flaky.has(user.id)) {
     flaky.add(user.id);
     throw new Error(`SMTP 451 for ${user.email}, try again`);
   }
   outbox.push(user.email);
-  return { messageId: `msg-${user.id}-${attempt}` };
+  return { messageId: `msg-${user.id}`, idempotencyKey: key }; // the key goes on to the provider
 }
 
 const kafka = new Kafka({ clientId: "welcome-mailer", brokers: [process.env.KAFKA_BOOTSTRAP],
@@ -86,11 +76,13 @@ const finished = new Promise((resolve) => {
       const key = message.headers["idempotency-key"].toString();
       const user = JSON.parse(message.value.toString());
       try {
-        const r = await guard(key, (attempt) => sendWelcome(user, attempt));
+        const r = await guard(key, (k) => sendWelcome(user, k));
         if (r.replayed) stats.replayed++; else stats.sent++;
       } catch (err) {
         stats.released++;
-        console.log(`  released ${key}: ${err.message}`);
+        const why = err instanceof HandlerError ? `released (${err.cause.message})`
+          : err instanceof InProgressError ? "in progress elsewhere" : err.message;
+        console.log(`  ${key}: ${why}`);
         throw err; // kafkajs retries this message
       }
       if (++seen === records.length) resolve();

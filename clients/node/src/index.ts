@@ -1,0 +1,525 @@
+// idempotency-client: the Node client of the idempotency PostgreSQL extension (pg).
+//
+// Two modes, as in the extension's README:
+//   * one transaction: guard() / guardInTransaction() claim the key, run the handler inside the
+//     transaction (in a savepoint), store its result with idem_complete and commit them together; a
+//     duplicate gets the stored result back without running the handler; a failure is rolled back to
+//     the savepoint and recorded with idem_fail. eachMessage() wraps a kafkajs eachMessage handler so.
+//   * two transactions: withLease() claims with a lease and a fencing token (committed), runs a handler
+//     whose side effects are outside the database while a timer extends the lease (idem_heartbeat), then
+//     records the result or the failure with the token. A lease lost meanwhile is a LeaseLostError.
+//
+// Errors are typed: InProgressError, FailedError, MismatchError (the claim refused the key),
+// LeaseLostError (55006), HandlerError (the handler failed; its error is `cause`). Database errors are
+// never hidden: they are thrown as pg raised them (a 55006 is wrapped in a LeaseLostError whose `cause`
+// is pg's error). isRetryable() recognizes serialization failures and deadlocks (40001, 40P01), which
+// withTransaction() and guard() retry.
+import { createHash } from "node:crypto";
+import canonicalize from "canonicalize";
+import type { PoolClient, QueryResult } from "pg";
+
+export const VERSION = "0.1.0";
+export const DEFAULT_SCOPE = "default";
+
+export type Outcome = "claimed" | "completed" | "in_progress" | "failed" | "mismatch";
+
+/** What the calls need: a pg.Pool, pg.Client or PoolClient. On a Pool every call commits by itself. */
+export interface Queryable {
+  query(text: string, values?: unknown[]): Promise<QueryResult<any>>;
+}
+
+/** What withTransaction and guard need: a pg.Pool (a connection per transaction). */
+export interface Connectable {
+  connect(): Promise<PoolClient>;
+}
+
+export interface ClaimOptions {
+  /** default "default" */
+  scope?: string;
+  /** lease length in milliseconds; default the server's idempotency.lease_ttl */
+  ttlMs?: number;
+  /** request fingerprint (see fingerprint()); a different one for the same key is a MismatchError */
+  fingerprint?: string;
+  /** false: answer in_progress at once instead of waiting for another open transaction (default true) */
+  wait?: boolean;
+}
+
+export interface Claim {
+  key: string;
+  scope: string;
+  outcome: Outcome;
+  /** fencing token (bigint, as a decimal string), null when none */
+  token: string | null;
+  attempts: number;
+  /** stored result (completed) or stored error (failed); null when none */
+  payload: unknown;
+  expiresAt: Date | null;
+}
+
+/** A claimed key, for the calls that follow the claim. token null: claimed in this transaction. */
+export interface Lease {
+  key: string;
+  scope: string;
+  token: string | null;
+}
+
+export interface GuardResult<T = unknown> {
+  /** the handler's result, or the stored result of an earlier run */
+  result: T;
+  /** true: a duplicate, the handler did not run */
+  replayed: boolean;
+  attempts: number;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Errors
+
+export class IdempotencyError extends Error {
+  constructor(message: string, options?: { cause?: unknown }) {
+    super(message, options);
+    this.name = new.target.name;
+  }
+}
+
+/** The claim did not give the key to the caller; `claim` says why. */
+export class ClaimRefusedError extends IdempotencyError {
+  constructor(readonly claim: Claim) {
+    super(`key ${JSON.stringify(claim.key)} (scope ${JSON.stringify(claim.scope)}) is ${claim.outcome} after ` +
+          `${claim.attempts} attempts${claim.payload == null ? "" : ": " + JSON.stringify(claim.payload)}`);
+  }
+}
+/** Another consumer holds a live lease on the key: redeliver later. */
+export class InProgressError extends ClaimRefusedError {}
+/** The key failed terminally: `claim.payload` is the stored error. Dead-letter the message. */
+export class FailedError extends ClaimRefusedError {}
+/** The key exists with a different fingerprint (same key, different request). */
+export class MismatchError extends ClaimRefusedError {}
+
+/** 55006: the lease was taken over or released; the fencing token is no longer the key's. */
+export class LeaseLostError extends IdempotencyError {
+  constructor(readonly op: string, readonly lease: Lease, cause: unknown) {
+    super(`lease lost: ${op}(${JSON.stringify(lease.key)}, scope ${JSON.stringify(lease.scope)}, token ` +
+          `${lease.token}): ${(cause as Error)?.message ?? cause}`, { cause });
+  }
+}
+
+/** The handler failed; its error is `cause`. `outcome` is idem_fail's answer ("released": another
+ *  attempt may claim the key; "failed": terminal), or null when recording the failure itself failed
+ *  (`recordError`, e.g. a LeaseLostError). */
+export class HandlerError extends IdempotencyError {
+  constructor(readonly key: string, cause: unknown, readonly outcome: "released" | "failed" | null,
+              readonly recordError: unknown = null) {
+    super(`handler of key ${JSON.stringify(key)} failed${outcome ? ` (${outcome})` : ""}: ` +
+          `${(cause as Error)?.message ?? cause}` +
+          (recordError ? ` (recording the failure failed: ${(recordError as Error)?.message ?? recordError})` : ""),
+          { cause });
+  }
+  /** true when no later delivery will run the handler (the key is failed) */
+  get terminal(): boolean { return this.outcome === "failed"; }
+}
+
+/** Marks a handler's error as terminal: the key is recorded as failed (idem_fail retryable => false). */
+export class PermanentError extends Error {
+  constructor(message: string, options?: { cause?: unknown }) {
+    super(message, options);
+    this.name = "PermanentError";
+  }
+}
+export function permanent(err: unknown): PermanentError {
+  return err instanceof PermanentError ? err
+    : new PermanentError((err as Error)?.message ?? String(err), { cause: err });
+}
+
+/** The SQLSTATE of a database error (pg's DatabaseError, or one inside `cause`), else undefined. */
+export function sqlState(err: unknown): string | undefined {
+  for (let e: any = err, depth = 0; e && depth < 8; e = e.cause, depth++) {
+    if (typeof e.code === "string" && /^[0-9A-Z]{5}$/.test(e.code) && "severity" in e) return e.code;
+  }
+  return undefined;
+}
+
+/** true for a serialization failure (40001) or a deadlock (40P01): run the whole transaction again. */
+export function isRetryable(err: unknown): boolean {
+  const s = sqlState(err);
+  return s === "40001" || s === "40P01";
+}
+
+/** true when the key is terminally failed: a FailedError from the claim, or a HandlerError that made it so. */
+export function isTerminal(err: unknown): boolean {
+  return err instanceof FailedError || (err instanceof HandlerError && err.terminal);
+}
+
+// ------------------------------------------------------------------------------------------------
+// The SQL calls
+
+const scopeOf = (s?: string) => s || DEFAULT_SCOPE;
+const ttlArg = (ms?: number) => (ms === undefined || ms === null ? null : ms);
+const jsonArg = (v: unknown) => (v === undefined || v === null ? null : JSON.stringify(v));
+
+function leaseError(op: string, lease: Lease, err: unknown): unknown {
+  return sqlState(err) === "55006" ? new LeaseLostError(op, lease, err) : err;
+}
+
+/** idem_claim. The outcome is returned as is (see refusal() for the error of a refused claim). */
+export async function claim(db: Queryable, key: string, opts: ClaimOptions = {}): Promise<Claim> {
+  const scope = scopeOf(opts.scope);
+  const { rows: [r] } = await db.query(
+    `SELECT outcome, token::text AS token, attempts, payload, expires_at
+       FROM idem_claim($1, ttl => $2::float8 * interval '1 millisecond', scope => $3, fingerprint => $4,
+                       wait => $5)`,
+    [key, ttlArg(opts.ttlMs), scope, opts.fingerprint ?? null, opts.wait ?? true]);
+  return { key, scope, outcome: r.outcome, token: r.token, attempts: r.attempts ?? 0,
+           payload: r.payload, expiresAt: r.expires_at };
+}
+
+/** The error of a refused claim (in_progress, failed, mismatch), null for claimed and completed. */
+export function refusal(c: Claim): ClaimRefusedError | null {
+  switch (c.outcome) {
+    case "claimed": case "completed": return null;
+    case "in_progress": return new InProgressError(c);
+    case "failed": return new FailedError(c);
+    case "mismatch": return new MismatchError(c);
+    default: return new ClaimRefusedError(c);
+  }
+}
+
+export function leaseOf(c: Claim): Lease {
+  return { key: c.key, scope: c.scope, token: c.token };
+}
+
+/** idem_complete with the lease's token (none for a claim of this transaction). */
+export async function complete(db: Queryable, lease: Lease, result?: unknown): Promise<void> {
+  try {
+    await db.query("SELECT idem_complete($1, $2::jsonb, $3, $4::bigint)",
+                   [lease.key, jsonArg(result), scopeOf(lease.scope), lease.token]);
+  } catch (err) {
+    throw leaseError("idem_complete", lease, err);
+  }
+}
+
+/** idem_fail: "released" (another attempt may claim the key) or "failed" (terminal). */
+export async function fail(db: Queryable, lease: Lease, error: unknown, retryable = true): Promise<"released" | "failed"> {
+  try {
+    const { rows: [r] } = await db.query("SELECT idem_fail($1, $2::jsonb, $3, $4, $5::bigint) AS outcome",
+                                         [lease.key, jsonArg(error), retryable, scopeOf(lease.scope), lease.token]);
+    return r.outcome;
+  } catch (err) {
+    throw leaseError("idem_fail", lease, err);
+  }
+}
+
+/** idem_heartbeat: extends the lease, returns its new end. */
+export async function heartbeat(db: Queryable, lease: Lease, ttlMs?: number): Promise<Date> {
+  try {
+    const { rows: [r] } = await db.query(
+      "SELECT idem_heartbeat($1, $2::float8 * interval '1 millisecond', $3, $4::bigint) AS until",
+      [lease.key, ttlArg(ttlMs), scopeOf(lease.scope), lease.token]);
+    return r.until;
+  } catch (err) {
+    throw leaseError("idem_heartbeat", lease, err);
+  }
+}
+
+/** How a failure is stored: {"error": message}. */
+export function errorPayload(err: unknown): { error: string } {
+  return { error: (err as Error)?.message ?? String(err) };
+}
+
+// ------------------------------------------------------------------------------------------------
+// Transactions
+
+export type Isolation = "read committed" | "repeatable read" | "serializable";
+
+export interface TransactionOptions {
+  isolation?: Isolation;
+  /** attempts in all for 40001 / 40P01 (default 5) */
+  maxAttempts?: number;
+}
+
+/** Runs fn in a transaction on a connection of the pool and commits; a serialization failure or a
+ *  deadlock (in fn or at commit) rolls back and runs fn again, up to maxAttempts in all. Any other error
+ *  rolls back and is thrown as is. fn must not commit or roll back. */
+export async function withTransaction<T>(pool: Connectable, fn: (client: PoolClient) => Promise<T>,
+                                         opts: TransactionOptions = {}): Promise<T> {
+  const maxAttempts = opts.maxAttempts ?? 5;
+  const begin = opts.isolation ? `BEGIN ISOLATION LEVEL ${isolationSQL(opts.isolation)}` : "BEGIN";
+  for (let attempt = 1; ; attempt++) {
+    const client = await pool.connect();
+    let broken: unknown = undefined;
+    try {
+      await client.query(begin);
+      let out: T;
+      try {
+        out = await fn(client);
+        await client.query("COMMIT");
+      } catch (err) {
+        await client.query("ROLLBACK").catch((e) => { broken = e; });
+        throw err;
+      }
+      return out;
+    } catch (err) {
+      if (!isRetryable(err) || attempt >= maxAttempts) throw err;
+    } finally {
+      client.release(broken instanceof Error ? broken : undefined);
+    }
+    await new Promise((r) => setTimeout(r, Math.random() * 10 * attempt));
+  }
+}
+
+function isolationSQL(i: Isolation): string {
+  switch (i) {
+    case "read committed": return "READ COMMITTED";
+    case "repeatable read": return "REPEATABLE READ";
+    case "serializable": return "SERIALIZABLE";
+    default: throw new TypeError(`unknown isolation level ${i}`);
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// One-transaction mode
+
+export type TxHandler<T> = (client: Queryable) => Promise<T>;
+
+/** The guard inside the caller's open transaction (one-transaction mode):
+ *  - idem_claim; a duplicate returns the stored result (replayed) without running the handler; a
+ *    refused claim throws InProgressError, FailedError or MismatchError;
+ *  - claimed: the handler runs in a savepoint; its result is stored with idem_complete;
+ *  - the handler throws: rolled back to the savepoint, the failure recorded with idem_fail (terminal for
+ *    a PermanentError), and a HandlerError thrown: COMMIT so that the failure is recorded;
+ *  - a serialization failure or deadlock from the handler is thrown as is: roll back and run the whole
+ *    transaction again.
+ *  The caller commits: the handler's writes and the stored result commit together, or not at all. */
+export async function guardInTransaction<T>(client: Queryable, key: string, handler: TxHandler<T>,
+                                            opts: ClaimOptions = {}): Promise<GuardResult<T>> {
+  const c = await claim(client, key, opts);
+  if (c.outcome === "completed") return { result: c.payload as T, replayed: true, attempts: c.attempts };
+  const refused = refusal(c);
+  if (refused) throw refused;
+  const lease: Lease = { key, scope: c.scope, token: null };
+  await client.query("SAVEPOINT idem_work");
+  let result: T;
+  try {
+    result = await handler(client);
+  } catch (err) {
+    if (isRetryable(err)) throw err;
+    await client.query("ROLLBACK TO SAVEPOINT idem_work");
+    let outcome: "released" | "failed";
+    try {
+      outcome = await fail(client, lease, errorPayload(err), !(err instanceof PermanentError));
+    } catch (ferr) {
+      if (isRetryable(ferr)) throw ferr;
+      throw new HandlerError(key, err, null, ferr);
+    }
+    throw new HandlerError(key, err, outcome);
+  }
+  await client.query("RELEASE SAVEPOINT idem_work");
+  await complete(client, lease, result);
+  return { result, replayed: false, attempts: c.attempts };
+}
+
+export interface GuardOptions extends ClaimOptions, TransactionOptions {}
+
+/** guardInTransaction in a transaction of its own on a pool connection, committed; retried on
+ *  40001 / 40P01. Throws HandlerError (after committing the recorded failure), InProgressError,
+ *  FailedError, MismatchError, or the database's error. */
+export async function guard<T>(pool: Connectable, key: string, handler: TxHandler<T>,
+                               opts: GuardOptions = {}): Promise<GuardResult<T>> {
+  let outcome: unknown = null;
+  const res = await withTransaction(pool, async (client) => {
+    outcome = null;
+    try {
+      return await guardInTransaction(client, key, handler, opts);
+    } catch (err) {
+      if ((err instanceof HandlerError && err.recordError === null) || err instanceof ClaimRefusedError) {
+        outcome = err; // commit: the recorded failure must persist
+        return null;
+      }
+      throw err;
+    }
+  }, opts);
+  if (outcome) throw outcome;
+  return res as GuardResult<T>;
+}
+
+export interface EachMessageOptions<P> extends GuardOptions {
+  /** the idempotency key of a message (a header, or idemKey over its identifying fields) */
+  key: (payload: P) => string;
+  /** the business logic, inside the transaction: write through `client` */
+  handler: (payload: P, client: Queryable) => Promise<unknown>;
+  /** a message whose key is (or just became) terminally failed: route it to a dead-letter topic. When
+   *  absent, the FailedError / HandlerError is thrown. */
+  onDeadLetter?: (payload: P, err: FailedError | HandlerError) => Promise<void> | void;
+}
+
+/** A kafkajs eachMessage handler (or any consumer callback) guarded in one-transaction mode: returns
+ *  when the message was processed now or before (a replay), or dead-lettered; throws otherwise, so that
+ *  the consumer redelivers (InProgressError, a released HandlerError, a database error). */
+export function eachMessage<P>(pool: Connectable, opts: EachMessageOptions<P>): (payload: P) => Promise<void> {
+  return async (payload: P) => {
+    try {
+      await guard(pool, opts.key(payload), (client) => opts.handler(payload, client), opts);
+    } catch (err) {
+      if (opts.onDeadLetter && isTerminal(err)) {
+        await opts.onDeadLetter(payload, err as FailedError | HandlerError);
+        return;
+      }
+      throw err;
+    }
+  };
+}
+
+// ------------------------------------------------------------------------------------------------
+// Two-transaction mode
+
+export interface LeaseOptions extends ClaimOptions {
+  /** lease length (default 30 s) */
+  ttlMs?: number;
+  /** pause between heartbeats (default ttlMs / 3; 0 turns them off) */
+  heartbeatMs?: number;
+  /** hears of heartbeats that failed for another reason than a lost lease (retried at the next beat) */
+  onHeartbeatError?: (err: unknown) => void;
+}
+
+export type LeaseHandler<T> = (lease: Lease, signal: AbortSignal) => Promise<T>;
+
+/** The guard of two-transaction mode, for side effects outside the database. `db` should be a pg.Pool
+ *  (each call its own transaction; heartbeats on any connection).
+ *  - idem_claim commits a lease and a fencing token; a duplicate returns the stored result (replayed);
+ *    a refused claim throws InProgressError, FailedError or MismatchError;
+ *  - while the handler runs, idem_heartbeat extends the lease every heartbeatMs; a heartbeat that finds
+ *    the lease lost aborts `signal` and withLease throws that LeaseLostError;
+ *  - the result is stored with idem_complete and the token (a LeaseLostError if lost meanwhile);
+ *  - a thrown error is recorded with idem_fail (released, or failed for a PermanentError) and rethrown
+ *    as a HandlerError. */
+export async function withLease<T>(db: Queryable, key: string, handler: LeaseHandler<T>,
+                                   opts: LeaseOptions = {}): Promise<GuardResult<T>> {
+  const ttlMs = opts.ttlMs ?? 30_000;
+  const c = await claim(db, key, { ...opts, ttlMs });
+  if (c.outcome === "completed") return { result: c.payload as T, replayed: true, attempts: c.attempts };
+  const refused = refusal(c);
+  if (refused) throw refused;
+  const lease = leaseOf(c);
+
+  const abort = new AbortController();
+  let lost: LeaseLostError | null = null;
+  let stopped = false;
+  let timer: NodeJS.Timeout | null = null;
+  let inFlight: Promise<void> = Promise.resolve();
+  const every = opts.heartbeatMs ?? ttlMs / 3;
+  const beat = () => {
+    timer = null;
+    if (stopped) return;
+    inFlight = heartbeat(db, lease, ttlMs).then(() => {}, (err) => {
+      if (err instanceof LeaseLostError) {
+        lost = err;
+        abort.abort(err);
+        return;
+      }
+      opts.onHeartbeatError?.(err);
+    }).finally(() => {
+      if (!stopped && !lost) timer = setTimeout(beat, every);
+    });
+  };
+  if (every > 0) timer = setTimeout(beat, every);
+
+  let result: T;
+  let herr: unknown = undefined;
+  let threw = false;
+  try {
+    result = await handler(lease, abort.signal);
+  } catch (err) {
+    threw = true;
+    herr = err;
+  } finally {
+    stopped = true;
+    if (timer) clearTimeout(timer);
+    await inFlight;
+  }
+  if (lost) throw lost;
+  if (!threw) {
+    await complete(db, lease, result!);
+    return { result: result!, replayed: false, attempts: c.attempts };
+  }
+  let outcome: "released" | "failed";
+  try {
+    outcome = await fail(db, lease, errorPayload(herr), !(herr instanceof PermanentError));
+  } catch (ferr) {
+    throw new HandlerError(key, herr, null, ferr);
+  }
+  throw new HandlerError(key, herr, outcome);
+}
+
+// ------------------------------------------------------------------------------------------------
+// Keys and fingerprints (the same as the extension's idem_key and idem_fingerprint)
+
+function uuidBytes(u: string): Buffer {
+  const hex = u.replace(/-/g, "");
+  if (!/^[0-9a-fA-F]{32}$/.test(hex)) throw new TypeError(`not a UUID: ${JSON.stringify(u)}`);
+  return Buffer.from(hex, "hex");
+}
+
+/** The idempotency key of the parts that identify an event, as idem_key(namespace, VARIADIC parts):
+ *  the RFC 4122 version-5 UUID (SHA-1) of the namespace and the name "len:part;" per part (length in
+ *  UTF-8 bytes), lowercase hyphenated. At least one part. */
+export function idemKey(namespace: string, ...parts: string[]): string {
+  if (parts.length === 0) throw new TypeError("idemKey needs at least one part");
+  const name: Buffer[] = [];
+  for (const p of parts) {
+    if (typeof p !== "string") throw new TypeError(`idemKey parts must be strings, got ${p === null ? "null" : typeof p}`);
+    const b = Buffer.from(p, "utf8");
+    name.push(Buffer.from(`${b.length}:`), b, Buffer.from(";"));
+  }
+  const h = createHash("sha1").update(uuidBytes(namespace)).update(Buffer.concat(name)).digest();
+  h[6] = (h[6] & 0x0f) | 0x50;
+  h[8] = (h[8] & 0x3f) | 0x80;
+  const x = h.subarray(0, 16).toString("hex");
+  return `${x.slice(0, 8)}-${x.slice(8, 12)}-${x.slice(12, 16)}-${x.slice(16, 20)}-${x.slice(20)}`;
+}
+
+const ARRAY_INDEX = /^(0|[1-9][0-9]*)$/;
+const own = (o: object, k: string) => Object.prototype.hasOwnProperty.call(o, k);
+
+/** The value at an RFC 6901 JSON Pointer, null when there is none. */
+export function jsonPointer(doc: unknown, path: string): unknown {
+  if (path === "") return doc;
+  if (!path.startsWith("/")) throw new TypeError(`not a JSON Pointer (empty or starting with '/'): ${JSON.stringify(path)}`);
+  let v: any = doc;
+  for (const raw of path.slice(1).split("/")) {
+    const tok = raw.replace(/~1/g, "/").replace(/~0/g, "~");
+    if (Array.isArray(v)) {
+      if (!ARRAY_INDEX.test(tok) || Number(tok) >= v.length) return null;
+      v = v[Number(tok)];
+    } else if (v !== null && typeof v === "object") {
+      if (!own(v, tok)) return null;
+      v = v[tok];
+    } else {
+      return null;
+    }
+  }
+  return v === undefined ? null : v;
+}
+
+/** RFC 8785 (JCS) canonical JSON of a value (the npm canonicalize package). */
+export function canonicalJSON(value: unknown): string {
+  const s = canonicalize(value);
+  if (s === undefined) throw new TypeError("the value has no JSON representation");
+  return s;
+}
+
+/** The request fingerprint of a JSON value, as idem_fingerprint(document, VARIADIC paths): lowercase
+ *  hex SHA-256 of the JCS canonical JSON of the whole value (no paths), or of the object mapping each
+ *  path (as given) to the value at that JSON Pointer, null where there is none. */
+export function fingerprint(document: unknown, paths: string[] = []): string {
+  let v: unknown = document;
+  if (paths.length > 0) {
+    const sel: Record<string, unknown> = Object.create(null);
+    for (const p of paths) sel[p] = jsonPointer(document, p);
+    v = sel;
+  }
+  return createHash("sha256").update(canonicalJSON(v), "utf8").digest("hex");
+}
+
+/** fingerprint() of a JSON text (numbers become doubles, as in JCS). */
+export function fingerprintText(json: string, paths: string[] = []): string {
+  return fingerprint(JSON.parse(json), paths);
+}
