@@ -165,8 +165,6 @@ pub fn sealed() -> Rc<Sealed> {
             .chunks
             .push(tid);
     }
-    drop(rows);
-    drop(conn);
     for (oid, filter) in building {
         let complete =
             filter.blocks > 0 && filter.chunks.len() == (filter.blocks as usize).div_ceil(CHUNK_BLOCKS);
