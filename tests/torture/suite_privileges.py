@@ -31,7 +31,7 @@ CONSUMER_FUNCTIONS = {
     "idem_once(text,text)", "idem_status(text,text)", "idem_claim_batch(text[],interval,text)",
     "idem_complete_batch(text[],jsonb[],text,bigint[])", "idem_once_batch(text[],text)",
     "idem_record_offset(text,text,integer,bigint,bigint)", "idem_next_offset(text,text,integer)",
-    "idem_offsets(text,text)",
+    "idem_offsets(text,text)", "idem_key(uuid,text[])", "idem_fingerprint(jsonb,text[])",
 }
 
 # The consumer API, one transaction per entry; {s} is a scope of the caller's own.
