@@ -2,6 +2,7 @@
 //! anything is written) and hands over to [`crate::storage`].
 mod args;
 mod batch;
+mod distribute;
 mod keys;
 mod maintenance;
 mod offsets;
