@@ -161,3 +161,106 @@ $$;
 REVOKE ALL ON FUNCTION idem_distribute(regclass) FROM PUBLIC;
 COMMENT ON FUNCTION idem_distribute(regclass) IS
 'On a Citus coordinator: delegates idem_claim, idem_complete, idem_fail, idem_heartbeat, idem_once, idem_status and the three batch forms by their scope argument, colocated with colocate_with (a table hash-distributed by a text or varchar tenant column), so each scope''s records live on the worker holding that tenant''s shard; the coordinator''s own record table then refuses rows (0A000). Returns the functions registered. Idempotent. 55000 outside Citus, off the coordinator, with records or shards on the coordinator, or when already delegated with another colocation group; 22023 for a table that is not hash-distributed by a text column.';
+
+-- After citus_move_shard_placement moved a shard of the colocation group, the records of the scopes that
+-- hash into that shard are still on the source worker (they are in its local record table, which the move
+-- does not touch), while delegated calls for those scopes now go to the target: there, the keys are new.
+-- idem_move_records copies those records to the target (skipping keys the target already has), raises the
+-- target's token sequence above every copied token (fencing keeps working), then deletes them on the
+-- source. Run it on the coordinator right after the move, with the consumers of the shard's tenants paused
+-- from before the move until it returns. The records travel through the coordinator as one JSON document.
+CREATE FUNCTION idem_move_records(shard_id bigint, source_node_name text, source_node_port integer,
+                                  target_node_name text, target_node_port integer) RETURNS bigint
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    local_group integer;
+    rel regclass;
+    lo integer;
+    hi integer;
+    shard_colocation integer;
+    func_colocation integer;
+    on_target boolean;
+    ok boolean;
+    res text;
+    doc text;
+    moved bigint;
+    range_filter text;
+BEGIN
+    IF shard_id IS NULL OR source_node_name IS NULL OR source_node_port IS NULL
+       OR target_node_name IS NULL OR target_node_port IS NULL THEN
+        RAISE EXCEPTION 'idem_move_records: no argument may be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_extension WHERE extname = 'citus') THEN
+        RAISE EXCEPTION 'idem_move_records needs Citus: the extension citus is not installed in this database'
+            USING ERRCODE = 'object_not_in_prerequisite_state';
+    END IF;
+    EXECUTE 'SELECT groupid FROM pg_catalog.pg_dist_local_group' INTO local_group;
+    IF local_group IS DISTINCT FROM 0 THEN
+        RAISE EXCEPTION 'idem_move_records must run on the Citus coordinator' USING ERRCODE = 'object_not_in_prerequisite_state';
+    END IF;
+    EXECUTE 'SELECT s.logicalrelid, s.shardminvalue::integer, s.shardmaxvalue::integer, p.colocationid
+               FROM pg_catalog.pg_dist_shard s JOIN pg_catalog.pg_dist_partition p USING (logicalrelid)
+              WHERE s.shardid = $1 AND p.partmethod = ''h'''
+       INTO rel, lo, hi, shard_colocation USING shard_id;
+    IF rel IS NULL THEN
+        RAISE EXCEPTION 'shard % is not a shard of a hash-distributed table', shard_id USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    EXECUTE 'SELECT o.colocationid FROM pg_catalog.pg_dist_object o JOIN pg_catalog.pg_proc f ON f.oid = o.objid
+              WHERE o.classid = ''pg_catalog.pg_proc''::regclass AND f.proname = ''idem_once''' INTO func_colocation;
+    IF func_colocation IS DISTINCT FROM shard_colocation THEN
+        RAISE EXCEPTION 'shard % of % is not in the colocation group the idempotency functions are delegated with', shard_id, rel
+            USING ERRCODE = 'object_not_in_prerequisite_state', HINT = 'See idem_distribute.';
+    END IF;
+    EXECUTE 'SELECT EXISTS (SELECT FROM pg_catalog.pg_dist_placement p JOIN pg_catalog.pg_dist_node n USING (groupid)
+                             WHERE p.shardid = $1 AND n.nodename = $2 AND n.nodeport = $3)'
+       INTO on_target USING shard_id, target_node_name, target_node_port;
+    IF NOT on_target THEN
+        RAISE EXCEPTION 'shard % is not placed on %:% : move it first (citus_move_shard_placement)', shard_id,
+                        target_node_name, target_node_port USING ERRCODE = 'object_not_in_prerequisite_state';
+    END IF;
+
+    range_filter := pg_catalog.format('worker_hash(scope) BETWEEN %s AND %s', lo, hi);
+    EXECUTE 'SELECT success, result FROM pg_catalog.master_run_on_worker(ARRAY[$1], ARRAY[$2], ARRAY[$3], false)'
+       INTO ok, doc USING source_node_name, source_node_port,
+            'SELECT coalesce(json_agg(r), ''[]'') FROM idempotency.records r WHERE ' || range_filter;
+    IF NOT ok THEN
+        RAISE EXCEPTION 'reading the records on %:% failed: %', source_node_name, source_node_port, doc
+            USING ERRCODE = 'connection_failure';
+    END IF;
+    moved := pg_catalog.json_array_length(doc::json);
+    IF moved = 0 THEN
+        RETURN 0;
+    END IF;
+    EXECUTE 'SELECT success, result FROM pg_catalog.master_run_on_worker(ARRAY[$1], ARRAY[$2], ARRAY[$3], false)'
+       INTO ok, res USING target_node_name, target_node_port, pg_catalog.format($cmd$
+        WITH j AS (SELECT * FROM json_populate_recordset(NULL::idempotency.records, %L::json)),
+             parts AS (SELECT idempotency.premake_partitions(t) FROM (SELECT DISTINCT date_trunc('hour', created_at) t FROM j) d),
+             seq AS (SELECT setval('idempotency.token_seq', greatest((SELECT last_value FROM idempotency.token_seq),
+                                                                   (SELECT max(token) FROM j), 1)))
+        SELECT (SELECT count(*) FROM parts) + (SELECT count(*) FROM seq)$cmd$, doc);
+    IF NOT ok THEN
+        RAISE EXCEPTION 'preparing %:% failed: %', target_node_name, target_node_port, res USING ERRCODE = 'connection_failure';
+    END IF;
+    EXECUTE 'SELECT success, result FROM pg_catalog.master_run_on_worker(ARRAY[$1], ARRAY[$2], ARRAY[$3], false)'
+       INTO ok, res USING target_node_name, target_node_port, pg_catalog.format($cmd$
+        INSERT INTO idempotency.records
+        SELECT j.* FROM json_populate_recordset(NULL::idempotency.records, %L::json) j
+         WHERE NOT EXISTS (SELECT FROM idempotency.records t WHERE t.scope = j.scope AND t.key = j.key)$cmd$, doc);
+    IF NOT ok THEN
+        RAISE EXCEPTION 'writing the records on %:% failed: %', target_node_name, target_node_port, res
+            USING ERRCODE = 'connection_failure';
+    END IF;
+    EXECUTE 'SELECT success, result FROM pg_catalog.master_run_on_worker(ARRAY[$1], ARRAY[$2], ARRAY[$3], false)'
+       INTO ok, res USING source_node_name, source_node_port, pg_catalog.format($cmd$
+        DELETE FROM idempotency.records r USING json_populate_recordset(NULL::idempotency.records, %L::json) j
+         WHERE r.scope = j.scope AND r.key = j.key$cmd$, doc);
+    IF NOT ok THEN
+        RAISE EXCEPTION 'deleting the copied records on %:% failed: %', source_node_name, source_node_port, res
+            USING ERRCODE = 'connection_failure', HINT = 'They are on the target already; call idem_move_records again.';
+    END IF;
+    RETURN moved;
+END
+$$;
+REVOKE ALL ON FUNCTION idem_move_records(bigint, text, integer, text, integer) FROM PUBLIC;
+COMMENT ON FUNCTION idem_move_records(bigint, text, integer, text, integer) IS
+'On a Citus coordinator, after citus_move_shard_placement(shard_id, source, target): copies the idempotency records of the scopes hashing into that shard from the source worker to the target (keys the target has already are kept as they are), raises the target''s token sequence above the copied tokens, deletes them on the source; returns how many were read. Pause the consumers of the shard''s tenants from before the move until it returns.';
