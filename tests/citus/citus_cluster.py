@@ -36,7 +36,7 @@ def citus_installed():
 
 
 class Node(pgtools.Cluster):
-    def __init__(self, name, port, tree, conf=()):
+    def __init__(self, name, port, tree, conf=(), fsync="off"):
         super().__init__(port, ["log_line_prefix = '%m [%p] %e '",
                                 "shared_preload_libraries = 'citus,idempotency'",
                                 "max_prepared_transactions = 100",
@@ -48,7 +48,7 @@ class Node(pgtools.Cluster):
                                 "citus.recover_2pc_interval = -1",
                                 "max_connections = 120",
                                 *conf],
-                         bindir=tree.bin, listen="127.0.0.1", max_connections=120, fsync="off", server_env={})
+                         bindir=tree.bin, listen="127.0.0.1", max_connections=120, fsync=fsync, server_env={})
         self.name = name
 
     def connect(self, dbname=DB, autocommit=True, **kw):
@@ -85,10 +85,10 @@ class Node(pgtools.Cluster):
 
 
 class CitusCluster:
-    def __init__(self):
+    def __init__(self, fsync="off"):
         ports = pgtools.ports("citus")
         self.tree = pgtools.PrivateTree(TREE)
-        self.nodes = [Node(n, ports[i], self.tree) for i, n in enumerate(NAMES)]
+        self.nodes = [Node(n, ports[i], self.tree, fsync=fsync) for i, n in enumerate(NAMES)]
         self.coord, self.w1, self.w2 = self.nodes
         self.workers = [self.w1, self.w2]
 

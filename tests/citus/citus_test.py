@@ -512,6 +512,8 @@ def chaos_consumer(cl, part, stream, state, stop, lock):
             with lock:
                 state["errors"] += 1
                 state["codes"][e.sqlstate or "connection"] += 1
+                if e.sqlstate not in ("08006", None) and len(state["samples"]) < 5:
+                    state["samples"].append(f"{e.sqlstate} {str(e).strip().splitlines()[0][:160]}")
             try:
                 conn.close()
             except Exception:  # noqa: BLE001
@@ -538,6 +540,7 @@ def t_chaos(cl, ck, quick):
     state = collections.Counter()
     state["codes"] = collections.Counter()
     state["violations"] = []
+    state["samples"] = []
     stop, lock = threading.Event(), threading.Lock()
     threads = [threading.Thread(target=chaos_consumer, args=(cl, p, streams[p], state, stop, lock)) for p in range(parts)]
     t0 = time.time()
@@ -582,6 +585,8 @@ def t_chaos(cl, ck, quick):
              busy == kills * parts and state["errors"] > 0, (busy, state["errors"]))
     ck.figure(f"chaos: {state['polls']} polls committed in {time.time() - t0:.1f} s, {state['errors']} failed "
               f"({dict(state['codes'])}), {state['dups']} redelivered keys answered 'completed'")
+    for sample in state["samples"]:
+        ck.figure(f"chaos: a failed poll: {sample}")
 
 
 # ---------------------------------------------------------------------------------------------------
