@@ -176,9 +176,7 @@ unsafe fn is_null_value(node: *mut pg_sys::Node, params: pg_sys::ParamListInfo) 
                     Some(fetch) => fetch(params, id, false, &mut workspace),
                     None => (*params).params.as_mut_ptr().add(id as usize - 1),
                 };
-                !value.is_null()
-                    && (*value).pflags & pg_sys::PARAM_FLAG_CONST as u16 != 0
-                    && (*value).isnull
+                !value.is_null() && (*value).pflags & pg_sys::PARAM_FLAG_CONST as u16 != 0 && (*value).isnull
             }
             _ => false,
         }
