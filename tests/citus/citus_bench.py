@@ -9,6 +9,7 @@ all nodes on this machine (loopback), fsync on, synchronous_commit on. Workloads
 
   once       SELECT idem_once(key, tenant), one per transaction;
   consumer   BEGIN; idem_claim; INSERT a business row; idem_complete; COMMIT (one tenant: one node);
+  batch100   SELECT count(*) FROM idem_once_batch(100 new keys of one tenant): keys/s = 100 x tx/s;
   poll2      BEGIN; idem_once + business row for a tenant on worker1 AND one on worker2; idem_record_offset
              (the coordinator's offsets); COMMIT (through the coordinator: two-phase commit over three nodes;
              on the single node: one local commit).
@@ -53,6 +54,9 @@ INSERT INTO ledger (tenant, msg, amount) VALUES ('{t2}', 'p' || :k::text || '-' 
 SELECT idem_record_offset('bench', 'orders', :client_id, :k);
 COMMIT;
 """,
+    # 100 new keys of one tenant in one call: one hop to the worker for all of them.
+    "batch100": "\\set k random(1, 2000000000)\nSELECT count(*) FROM idem_once_batch(ARRAY[" + ", ".join(
+        f"'b' || :k::text || '-' || :client_id::text || '-{i}'" for i in range(100)) + "], '{t1}');\n",
 }
 
 

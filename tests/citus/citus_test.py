@@ -263,8 +263,13 @@ def t_race(cl, ck, quick):
     for isolation in ("READ COMMITTED", "REPEATABLE READ"):
         tag = isolation.split()[0].lower()
         msgs = [(random.choice(tenants), f"{tag}-m{i}") for i in range(300 if quick else 1500)]
-        deliveries = [m for m in msgs for _ in range(3)]
-        random.shuffle(deliveries)
+        # Redeliveries at the same moment: each run of 8 messages is queued three times in a row, so the
+        # consumers popping next to each other take the same keys concurrently.
+        deliveries = []
+        for i in range(0, len(msgs), 8):
+            for _ in range(3):
+                deliveries += msgs[i:i + 8]
+        deliveries.reverse()  # consumers pop from the end
         stats = collections.Counter()
         stats["errors"] = []
         lock = threading.Lock()
