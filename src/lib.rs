@@ -5,12 +5,14 @@
 //! - [`storage`]: SPI access to the record table, per-key locks and time partitions;
 //! - [`gucs`]: the `idempotency.*` settings;
 //! - [`worker`]: the background worker that runs maintenance rounds;
-//! - [`errors`]: the SQLSTATEs the API raises.
+//! - [`errors`]: the SQLSTATEs the API raises;
+//! - [`citus`]: under Citus, a planner hook that refuses a NULL scope before Citus plans the call.
 //!
 //! Hand-written SQL (schema, tables, grants, comments) lives in `sql/`.
 use pgrx::prelude::*;
 
 mod api;
+mod citus;
 mod errors;
 mod gucs;
 mod storage;
@@ -28,6 +30,7 @@ pub extern "C-unwind" fn _PG_init() {
     gucs::init();
     storage::init();
     worker::register();
+    citus::init();
 }
 
 #[cfg(test)]

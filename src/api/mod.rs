@@ -3,6 +3,7 @@
 mod args;
 mod batch;
 mod derive;
+mod distribute;
 mod keys;
 mod maintenance;
 mod offsets;
