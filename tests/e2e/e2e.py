@@ -23,6 +23,9 @@ import psycopg
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from exactly_once import read_events, setup_db, verify_ledger  # noqa: E402 - shared with tests/brokers
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 PY = sys.executable
 PROFILES = {
@@ -165,24 +168,6 @@ def process_state(pid):
         return None
 
 
-def setup_db(dsn, db):
-    with psycopg.connect(dsn + " dbname=postgres", autocommit=True) as c:
-        c.execute(f"DROP DATABASE IF EXISTS {db}")
-        c.execute(f"CREATE DATABASE {db}")
-    with psycopg.connect(dsn + f" dbname={db}", autocommit=True) as c:
-        c.execute("CREATE EXTENSION idempotency")
-        c.execute("SELECT FROM idem_maintenance()")  # its first partitions
-        c.execute("""
-            CREATE SCHEMA e2e;
-            CREATE SEQUENCE e2e.epoch;
-            -- the business table: deliberately no unique constraint on msg_key, so that a duplicate
-            -- application would show up instead of being hidden by an index
-            CREATE TABLE e2e.ledger (id bigserial PRIMARY KEY, msg_key text NOT NULL, partition int,
-                kafka_offset bigint, amount int NOT NULL, charge text NOT NULL, consumer text,
-                generation bigint, at timestamptz DEFAULT clock_timestamp());
-        """)
-
-
 def high_watermarks(bootstrap, topic, parts):
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": "e2e-verify", "enable.auto.commit": False})
     try:
@@ -202,17 +187,6 @@ def kills_so_far(run_dir, fleet):
         with open(path) as f:
             selfkills += f.read().count('"ev": "selfkill"')
     return fleet.count["kill -9 (external, random moment)"] + selfkills
-
-
-def read_events(run_dir):
-    evs = []
-    for path in glob.glob(f"{run_dir}/c*.jsonl"):
-        cid = os.path.basename(path)[1:].split(".")[0]
-        with open(path) as f:
-            for line in f:
-                if line.endswith("\n"):  # a line cut by kill -9 is not an event
-                    evs.append({"cid": cid, **json.loads(line)})
-    return sorted(evs, key=lambda e: e["t"])
 
 
 def main():
@@ -364,41 +338,13 @@ def main():
 
 
 def verify(db, group, topic, high, produced_file, stats):
-    v = []
     with open(produced_file) as f:
         produced = dict(json.load(f)["messages"])
-    ledger = collections.defaultdict(list)
-    for key, amount, charge in db.execute("SELECT msg_key, amount, charge FROM e2e.ledger"):
-        ledger[key].append((amount, charge))
-    dup = [k for k, rows in ledger.items() if len(rows) > 1]
-    lost = [k for k in produced if k not in ledger]
-    alien = [k for k in ledger if k not in produced]
-    wrong = [k for k, rows in ledger.items() if k in produced and rows[0][0] != produced[k]]
-    for name, keys in [("applied more than once", dup), ("lost (never applied)", lost),
-                       ("in the ledger but never produced", alien), ("wrong amount", wrong)]:
-        if keys:
-            v.append(f"{len(keys)} messages {name}, e.g. {keys[:3]}")
+    v = verify_ledger(db, produced, stats)
     stored = stored_offsets(db, group, topic)
     for p, h in sorted(high.items()):
         if stored.get(p) != h:
             v.append(f"partition {p}: stored next offset {stored.get(p)}, end of log {h}")
-    charges = stats["charges"]
-    if len(charges) != len(produced) or set(charges) != set(produced):
-        v.append(f"provider charged {len(charges)} distinct keys for {len(produced)} messages")
-    if stats["stats"]["mismatched"]:
-        v.append(f"provider saw {stats['stats']['mismatched']} key reuses with another amount")
-    bad = [k for k, rows in ledger.items() if k in charges and
-           (rows[0][1] != charges[k]["charge"] or charges[k]["amount"] != produced[k])]
-    if bad:
-        v.append(f"{len(bad)} ledger rows whose charge is not the provider's charge, e.g. {bad[:3]}")
-    open_keys = db.execute(
-        "SELECT scope, status, count(*) FROM idempotency.records WHERE status <> 'completed' "
-        "GROUP BY 1, 2").fetchall()
-    if open_keys:
-        v.append(f"keys not completed at the end: {open_keys}")
-    n_records = db.execute("SELECT scope, count(*) FROM idempotency.records GROUP BY 1").fetchall()
-    if dict(n_records) != {"ledger": len(produced), "payment": len(produced)}:
-        v.append(f"records per scope {dict(n_records)}, expected {len(produced)} each")
     return v
 
 
