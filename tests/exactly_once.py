@@ -18,6 +18,9 @@ import glob
 import http.client
 import json
 import os
+import random
+import signal
+import subprocess
 import time
 
 import psycopg
@@ -279,6 +282,190 @@ def verify_ledger(db, produced, stats):
     if dict(n_records) != {"ledger": len(produced), "payment": len(produced)}:
         v.append(f"records per scope {dict(n_records)}, expected {len(produced)} each")
     return v
+
+
+# ---- the consumer processes and the chaos ---------------------------------------------------------
+
+FREEZE_S = 14  # longer than the consumers' session (6 s), their leases (8 s) and the brokers' timeouts
+ARM_S = 10     # an armed point not reached within this is withdrawn (an idle consumer, no rebalance)
+
+
+def log(msg):
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+class EventLog:
+    """A consumer's event log RUN_DIR/c<cid>.<pid>.jsonl: one unbuffered JSON line per event, so that
+    nothing is lost to kill -9. `events(kind, **fields)`."""
+
+    def __init__(self, run_dir, cid):
+        self.fd = os.open(f"{run_dir}/c{cid}.{os.getpid()}.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+                          0o644)
+
+    def __call__(self, kind, **kw):
+        os.write(self.fd, (json.dumps({"t": time.time(), "ev": kind, **kw}) + "\n").encode())
+
+
+def chaos_points(run_dir, cid, event):
+    """The `chaos_point(point)` of a consumer: when the driver armed this point for this consumer (wrote
+    its name into RUN_DIR/arm-<cid>), die here with SIGKILL, or for "freeze_<point>" stop here with
+    SIGSTOP until the driver sends SIGCONT (a zombie that wakes up after its leases ended)."""
+
+    def chaos_point(point):
+        path = f"{run_dir}/arm-{cid}"
+        try:
+            with open(path) as f:
+                armed = f.read().strip()
+        except FileNotFoundError:
+            return
+        if armed not in (point, "freeze_" + point):
+            return
+        try:
+            os.unlink(path)
+        except FileNotFoundError:  # the driver withdrew it at this very moment: act all the same
+            pass
+        if armed == point:
+            event("selfkill", point=point)
+            os.kill(os.getpid(), signal.SIGKILL)
+        else:
+            event("selffreeze", point=point)
+            os.kill(os.getpid(), signal.SIGSTOP)  # the driver sends SIGCONT later
+            event("thawed", point=point)
+
+    return chaos_point
+
+
+class Fleet:
+    """The consumer processes: the desired set, restarts after deaths, and the chaos counters.
+
+    Member `cid` runs `cmd + [cid]`. An exit status outside `expected_exits` (kill -9, or 3: fenced
+    and left) is counted and logged; every dead member is restarted after `restart_delay`. The chaos
+    hooks: `arm(cid, point)` writes RUN_DIR/arm-<cid> (see `chaos_points`), `kill9`, `freeze`."""
+
+    def __init__(self, cmd, env, run_dir, expected_exits=(-signal.SIGKILL, 3)):
+        self.cmd, self.env, self.run_dir, self.expected_exits = list(cmd), env, run_dir, expected_exits
+        self.procs, self.next_cid = {}, 0
+        self.restart_at = {}                  # cid -> when to restart a dead member
+        self.frozen = {}                      # cid -> when to SIGCONT
+        self.freeze_armed = set()             # cids armed to stop themselves
+        self.armed_at = {}                    # cid -> when its arm file was written
+        self.count = collections.Counter()
+
+    def spawn(self, cid=None):
+        if cid is None:
+            cid, self.next_cid = self.next_cid, self.next_cid + 1
+        out = open(f"{self.run_dir}/c{cid}.out", "a")
+        self.procs[cid] = subprocess.Popen(self.cmd + [str(cid)], env=self.env,
+                                           stdout=out, stderr=subprocess.STDOUT)
+        return cid
+
+    def alive(self):
+        return [c for c, p in self.procs.items() if p.poll() is None]
+
+    def reap(self, restart_delay=(0.0, 2.0)):
+        """Schedule a restart for members that died (SIGKILL, self-kill, fenced)."""
+        now = time.monotonic()
+        for cid, p in list(self.procs.items()):
+            if p.poll() is not None and cid not in self.restart_at:
+                if p.returncode not in self.expected_exits:
+                    self.count[f"exit_{p.returncode}"] += 1
+                    log(f"consumer {cid} exited with {p.returncode}: see {self.run_dir}/c{cid}.out")
+                self.restart_at[cid] = now + random.uniform(*restart_delay)
+        for cid, at in list(self.restart_at.items()):
+            if at <= now:
+                del self.restart_at[cid]
+                self.spawn(cid)
+        for cid, at in list(self.armed_at.items()):  # an arm not reached in ARM_S is withdrawn
+            path = f"{self.run_dir}/arm-{cid}"
+            if not os.path.exists(path):
+                del self.armed_at[cid]
+            elif now - at > ARM_S:
+                try:
+                    os.unlink(path)
+                    self.count["armed, point not reached"] += 1
+                except FileNotFoundError:
+                    pass
+                del self.armed_at[cid]
+        for cid in list(self.freeze_armed):  # a consumer that stopped itself: wake it in FREEZE_S
+            p = self.procs.get(cid)
+            if p is None or p.poll() is not None:
+                self.freeze_armed.discard(cid)
+            elif process_state(p.pid) == "T":
+                self.freeze_armed.discard(cid)
+                self.frozen[cid] = now + FREEZE_S
+            elif cid not in self.armed_at and not os.path.exists(f"{self.run_dir}/arm-{cid}"):
+                time.sleep(0.2)  # it may be between reading its arm and stopping
+                if process_state(p.pid) == "T":
+                    self.frozen[cid] = now + FREEZE_S
+                self.freeze_armed.discard(cid)
+        for cid, at in list(self.frozen.items()):
+            if at <= now:
+                del self.frozen[cid]
+                if self.procs[cid].poll() is None:
+                    os.kill(self.procs[cid].pid, signal.SIGCONT)
+
+    def kill9(self, cid):
+        os.kill(self.procs[cid].pid, signal.SIGKILL)
+        self.procs[cid].wait()
+        self.count["kill -9 (external, random moment)"] += 1
+
+    def arm(self, cid, point):
+        with open(f"{self.run_dir}/arm-{cid}", "w") as f:
+            f.write(point)
+        self.armed_at[cid] = time.monotonic()
+        if point.startswith("freeze_"):
+            self.freeze_armed.add(cid)
+
+    def remove(self, cid):
+        self.restart_at.pop(cid, None)
+        self.freeze_armed.discard(cid)
+        if self.frozen.pop(cid, None) is not None and self.procs[cid].poll() is None:
+            os.kill(self.procs[cid].pid, signal.SIGCONT)
+        self.procs[cid].send_signal(signal.SIGTERM)
+        try:
+            self.procs[cid].wait(30)
+        except subprocess.TimeoutExpired:
+            self.procs[cid].kill()
+            self.procs[cid].wait()
+        del self.procs[cid]
+        self.count["members removed (clean leave)"] += 1
+
+    def freeze(self, cid, seconds):
+        os.kill(self.procs[cid].pid, signal.SIGSTOP)
+        self.frozen[cid] = time.monotonic() + seconds
+        self.count["frozen past session and lease (zombie)"] += 1
+
+    def stop_all(self):
+        for cid in list(self.frozen) + list(self.freeze_armed):
+            if self.procs[cid].poll() is None:
+                os.kill(self.procs[cid].pid, signal.SIGCONT)
+        self.frozen.clear()
+        self.freeze_armed.clear()
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in self.procs.values():
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def process_state(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
+
+
+def kills_so_far(run_dir, fleet):
+    selfkills = 0
+    for path in glob.glob(f"{run_dir}/c*.jsonl"):
+        with open(path) as f:
+            selfkills += f.read().count('"ev": "selfkill"')
+    return fleet.count["kill -9 (external, random moment)"] + selfkills
 
 
 def read_events(run_dir, pattern="c*.jsonl"):

@@ -27,13 +27,12 @@ import json
 import os
 import signal
 import sys
-import time
 
 import psycopg
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from exactly_once import Provider, apply_ledger, pay  # noqa: E402 - shared with tests/brokers
+from exactly_once import EventLog, Provider, apply_ledger, chaos_points, pay  # noqa: E402 - shared with tests/brokers
 
 CID = sys.argv[1]
 ENV = os.environ
@@ -41,35 +40,9 @@ RUN_DIR, TOPIC, GROUP = ENV["E2E_RUN_DIR"], ENV["E2E_TOPIC"], ENV["E2E_GROUP"]
 LEASE = float(ENV.get("E2E_LEASE_S", "8"))
 BATCH = int(ENV.get("E2E_POLL_MAX", "100"))
 GEN_MODE = ENV.get("E2E_GENERATION", "group")  # group: Kafka's generation id; epoch: a DB sequence
-LOG = os.open(f"{RUN_DIR}/c{CID}.{os.getpid()}.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 STOP = False
-
-
-def event(kind, **kw):
-    os.write(LOG, (json.dumps({"t": time.time(), "ev": kind, **kw}) + "\n").encode())
-
-
-def chaos_point(point):
-    """Die here with SIGKILL if the chaos driver armed this point for this consumer."""
-    path = f"{RUN_DIR}/arm-{CID}"
-    try:
-        with open(path) as f:
-            armed = f.read().strip()
-    except FileNotFoundError:
-        return
-    if armed not in (point, "freeze_" + point):
-        return
-    try:
-        os.unlink(path)
-    except FileNotFoundError:  # the driver withdrew it at this very moment: act all the same
-        pass
-    if armed == point:
-        event("selfkill", point=point)
-        os.kill(os.getpid(), signal.SIGKILL)
-    else:
-        event("selffreeze", point=point)
-        os.kill(os.getpid(), signal.SIGSTOP)  # the driver sends SIGCONT later
-        event("thawed", point=point)
+event = EventLog(RUN_DIR, CID)
+chaos_point = chaos_points(RUN_DIR, CID, event)
 
 
 def on_sigterm(*_):

@@ -13,7 +13,6 @@ import itertools
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
 import time
@@ -24,7 +23,8 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from exactly_once import read_events, setup_db, verify_ledger  # noqa: E402 - shared with tests/brokers
+from exactly_once import (FREEZE_S, Fleet, kills_so_far, log, process_state, read_events,  # noqa: E402
+                          setup_db, verify_ledger)  # shared with tests/brokers
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PY = sys.executable
@@ -39,133 +39,6 @@ PROFILES = {
 # where an armed consumer kills itself (SIGKILL) or freezes itself (SIGSTOP, woken by the driver)
 KILL_POINTS = ["in_assign", "after_http", "mid_txn", "after_commit"]
 FREEZE_POINTS = ["freeze_after_http", "freeze_before_txn"]
-FREEZE_S = 14  # longer than the session timeout (6 s) and the payment lease (8 s)
-ARM_S = 10     # an armed point not reached within this is withdrawn (an idle consumer, no rebalance)
-
-
-def log(msg):
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-class Fleet:
-    """The consumer processes: the desired set, restarts after deaths, and the chaos counters."""
-
-    def __init__(self, env, run_dir):
-        self.env, self.run_dir = env, run_dir
-        self.procs, self.next_cid = {}, 0
-        self.restart_at = {}                  # cid -> when to restart a dead member
-        self.frozen = {}                      # cid -> when to SIGCONT
-        self.freeze_armed = set()             # cids armed to stop themselves
-        self.armed_at = {}                    # cid -> when its arm file was written
-        self.count = collections.Counter()
-
-    def spawn(self, cid=None):
-        if cid is None:
-            cid, self.next_cid = self.next_cid, self.next_cid + 1
-        out = open(f"{self.run_dir}/c{cid}.out", "a")
-        self.procs[cid] = subprocess.Popen([PY, f"{HERE}/consumer.py", str(cid)], env=self.env,
-                                           stdout=out, stderr=subprocess.STDOUT)
-        return cid
-
-    def alive(self):
-        return [c for c, p in self.procs.items() if p.poll() is None]
-
-    def reap(self, restart_delay=(0.0, 2.0)):
-        """Schedule a restart for members that died (SIGKILL, self-kill, fenced)."""
-        now = time.monotonic()
-        for cid, p in list(self.procs.items()):
-            if p.poll() is not None and cid not in self.restart_at:
-                if p.returncode not in (-signal.SIGKILL, 3):
-                    self.count[f"exit_{p.returncode}"] += 1
-                    log(f"consumer {cid} exited with {p.returncode}: see {self.run_dir}/c{cid}.out")
-                self.restart_at[cid] = now + random.uniform(*restart_delay)
-        for cid, at in list(self.restart_at.items()):
-            if at <= now:
-                del self.restart_at[cid]
-                self.spawn(cid)
-        for cid, at in list(self.armed_at.items()):  # an arm not reached in ARM_S is withdrawn
-            path = f"{self.run_dir}/arm-{cid}"
-            if not os.path.exists(path):
-                del self.armed_at[cid]
-            elif now - at > ARM_S:
-                try:
-                    os.unlink(path)
-                    self.count["armed, point not reached"] += 1
-                except FileNotFoundError:
-                    pass
-                del self.armed_at[cid]
-        for cid in list(self.freeze_armed):  # a consumer that stopped itself: wake it in FREEZE_S
-            p = self.procs.get(cid)
-            if p is None or p.poll() is not None:
-                self.freeze_armed.discard(cid)
-            elif process_state(p.pid) == "T":
-                self.freeze_armed.discard(cid)
-                self.frozen[cid] = now + FREEZE_S
-            elif cid not in self.armed_at and not os.path.exists(f"{self.run_dir}/arm-{cid}"):
-                time.sleep(0.2)  # it may be between reading its arm and stopping
-                if process_state(p.pid) == "T":
-                    self.frozen[cid] = now + FREEZE_S
-                self.freeze_armed.discard(cid)
-        for cid, at in list(self.frozen.items()):
-            if at <= now:
-                del self.frozen[cid]
-                if self.procs[cid].poll() is None:
-                    os.kill(self.procs[cid].pid, signal.SIGCONT)
-
-    def kill9(self, cid):
-        os.kill(self.procs[cid].pid, signal.SIGKILL)
-        self.procs[cid].wait()
-        self.count["kill -9 (external, random moment)"] += 1
-
-    def arm(self, cid, point):
-        with open(f"{self.run_dir}/arm-{cid}", "w") as f:
-            f.write(point)
-        self.armed_at[cid] = time.monotonic()
-        if point.startswith("freeze_"):
-            self.freeze_armed.add(cid)
-
-    def remove(self, cid):
-        self.restart_at.pop(cid, None)
-        self.freeze_armed.discard(cid)
-        if self.frozen.pop(cid, None) is not None and self.procs[cid].poll() is None:
-            os.kill(self.procs[cid].pid, signal.SIGCONT)
-        self.procs[cid].send_signal(signal.SIGTERM)
-        try:
-            self.procs[cid].wait(30)
-        except subprocess.TimeoutExpired:
-            self.procs[cid].kill()
-            self.procs[cid].wait()
-        del self.procs[cid]
-        self.count["members removed (clean leave)"] += 1
-
-    def freeze(self, cid, seconds):
-        os.kill(self.procs[cid].pid, signal.SIGSTOP)
-        self.frozen[cid] = time.monotonic() + seconds
-        self.count["frozen past session and lease (zombie)"] += 1
-
-    def stop_all(self):
-        for cid in list(self.frozen) + list(self.freeze_armed):
-            if self.procs[cid].poll() is None:
-                os.kill(self.procs[cid].pid, signal.SIGCONT)
-        self.frozen.clear()
-        self.freeze_armed.clear()
-        for p in self.procs.values():
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in self.procs.values():
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-
-
-def process_state(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return None
 
 
 def high_watermarks(bootstrap, topic, parts):
@@ -179,14 +52,6 @@ def high_watermarks(bootstrap, topic, parts):
 def stored_offsets(db, group, topic):
     return {p: n for _, p, n, _, _ in
             db.execute("SELECT * FROM idem_offsets(%s, %s)", (group, topic)).fetchall()}
-
-
-def kills_so_far(run_dir, fleet):
-    selfkills = 0
-    for path in glob.glob(f"{run_dir}/c*.jsonl"):
-        with open(path) as f:
-            selfkills += f.read().count('"ev": "selfkill"')
-    return fleet.count["kill -9 (external, random moment)"] + selfkills
 
 
 def main():
@@ -226,7 +91,7 @@ def main():
     provider = subprocess.Popen([PY, f"{HERE}/provider.py", str(provider_port), "0.01"],
                                 stdout=open(f"{run_dir}/provider.out", "w"), stderr=subprocess.STDOUT)
     children.append(provider)
-    fleet = Fleet(env, run_dir)
+    fleet = Fleet([PY, f"{HERE}/consumer.py"], env, run_dir)
     try:
         time.sleep(0.5)
         for _ in range(cfg["k"]):
