@@ -88,7 +88,7 @@ class RabbitMQ:
 
     def __init__(self, base, run_dir):
         self.amqp, self.dist, self.epmd_port = base + 1, base + 2, base + 3
-        self.dir = f"{run_dir}/rabbitmq"
+        self.dir = f"{run_dir}/server"
         self.server = self.epmd = None
         self.queue = None
 
@@ -161,7 +161,7 @@ class Nats:
 
     def __init__(self, base, run_dir):
         self.port = base + 4
-        self.dir = f"{run_dir}/nats"
+        self.dir = f"{run_dir}/server"
         self.server = None
         self.stream = self.durable = self.subject = None
 

@@ -142,9 +142,16 @@ async def run_nats_async():
     sub = await js.pull_subscribe_bind(durable=ENV["BROKERS_DURABLE"], stream=ENV["BROKERS_STREAM"])
     event("start", broker="nats")
     while not STOP:
-        try:
-            msgs = await sub.fetch(batch=BATCH, timeout=BATCH_WAIT)
-        except (nats.errors.TimeoutError, asyncio.TimeoutError):  # no message within BATCH_WAIT
+        msgs, started = [], time.monotonic()
+        while len(msgs) < BATCH and not STOP:  # fill the batch for up to BATCH_WAIT (a fetch returns early)
+            left = BATCH_WAIT - (time.monotonic() - started)
+            if left < 0.05:
+                break
+            try:
+                msgs += await sub.fetch(batch=BATCH - len(msgs), timeout=left)
+            except (nats.errors.TimeoutError, asyncio.TimeoutError):  # nothing more within the time left
+                break
+        if not msgs:
             continue
         batch = []
         for m in msgs:
