@@ -32,7 +32,7 @@ TESTS = os.path.dirname(HERE)
 sys.path.insert(0, TESTS)
 from exactly_once import (FREEZE_S, Fleet, kills_so_far, log, process_state, read_events,  # noqa: E402
                           setup_db, verify_ledger)
-from pgtools import Cluster, ports  # noqa: E402
+from pgtools import Cluster, PrivateTree, copy_ext_files, ports  # noqa: E402
 
 PY = sys.executable
 PROFILES = {
@@ -452,7 +452,14 @@ def main():
     os.makedirs(root)
     # SIGTERM / SIGINT: unwind through the finally blocks, which stop every server we started
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    cluster = Cluster(base, ["max_locks_per_transaction = 256"])  # /tmp/idem-data-PORT, /tmp/idem-sock-PORT
+    # The cluster runs from a private copy of the installation with a snapshot of the extension's files:
+    # a scripts/build that reinstalls the extension during the run cannot swap the library under it.
+    tree = PrivateTree(f"{root}/pgtree")
+    tree.build()
+    tree.install(copy_ext_files(f"{root}/ext-staged"))
+    if not (tree.lib / "idempotency.so").exists():
+        raise SystemExit("no idempotency.so installed: run scripts/build")
+    cluster = Cluster(base, ["max_locks_per_transaction = 256"], bindir=tree.bin)  # /tmp/idem-{data,sock}-PORT
     names = ["rabbitmq", "nats"] if args.broker == "all" else [args.broker]
     passed, failed = [], []
     t0 = time.monotonic()
