@@ -23,19 +23,16 @@ nothing is lost to kill -9.
 
 Usage: consumer.py CID   (the rest comes from the environment; see e2e.py)
 """
-import http.client
 import json
 import os
 import signal
 import sys
-import time
 
 import psycopg
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, TopicPartition
-from psycopg.types.json import Jsonb
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from pgtools import RETRY_SQLSTATES  # noqa: E402 - 40001, 40P01: the whole transaction again
+from exactly_once import EventLog, Provider, apply_ledger, chaos_points, pay  # noqa: E402 - shared with tests/brokers
 
 CID = sys.argv[1]
 ENV = os.environ
@@ -43,35 +40,9 @@ RUN_DIR, TOPIC, GROUP = ENV["E2E_RUN_DIR"], ENV["E2E_TOPIC"], ENV["E2E_GROUP"]
 LEASE = float(ENV.get("E2E_LEASE_S", "8"))
 BATCH = int(ENV.get("E2E_POLL_MAX", "100"))
 GEN_MODE = ENV.get("E2E_GENERATION", "group")  # group: Kafka's generation id; epoch: a DB sequence
-LOG = os.open(f"{RUN_DIR}/c{CID}.{os.getpid()}.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 STOP = False
-
-
-def event(kind, **kw):
-    os.write(LOG, (json.dumps({"t": time.time(), "ev": kind, **kw}) + "\n").encode())
-
-
-def chaos_point(point):
-    """Die here with SIGKILL if the chaos driver armed this point for this consumer."""
-    path = f"{RUN_DIR}/arm-{CID}"
-    try:
-        with open(path) as f:
-            armed = f.read().strip()
-    except FileNotFoundError:
-        return
-    if armed not in (point, "freeze_" + point):
-        return
-    try:
-        os.unlink(path)
-    except FileNotFoundError:  # the driver withdrew it at this very moment: act all the same
-        pass
-    if armed == point:
-        event("selfkill", point=point)
-        os.kill(os.getpid(), signal.SIGKILL)
-    else:
-        event("selffreeze", point=point)
-        os.kill(os.getpid(), signal.SIGSTOP)  # the driver sends SIGCONT later
-        event("thawed", point=point)
+event = EventLog(RUN_DIR, CID)
+chaos_point = chaos_points(RUN_DIR, CID, event)
 
 
 def on_sigterm(*_):
@@ -81,30 +52,6 @@ def on_sigterm(*_):
 
 class Fenced(Exception):
     pass
-
-
-class Provider:
-    """A keep-alive HTTP client for the payment provider."""
-
-    def __init__(self, port):
-        self.port, self.conn = port, None
-
-    def charge(self, key, amount):
-        for attempt in range(20):
-            try:
-                if self.conn is None:
-                    self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
-                self.conn.request("POST", "/charges", json.dumps({"amount": amount}),
-                                  {"Idempotency-Key": key, "Content-Type": "application/json"})
-                resp = self.conn.getresponse()
-                body = json.loads(resp.read())
-                if resp.status in (200, 201):
-                    return body, resp.status == 200
-                raise RuntimeError(f"provider answered {resp.status}: {body}")
-            except (OSError, http.client.HTTPException):
-                self.conn = None
-                time.sleep(0.1 * (attempt + 1))
-        raise RuntimeError("provider unreachable")
 
 
 class Worker:
@@ -156,126 +103,25 @@ class Worker:
     # ---- the payment, outside the database (two-transaction mode) ----------------------------
     def pay(self, msgs):
         """Charge every message once at the provider; return {key: charge} from the provider or replay."""
-        amounts = {}
-        for m in msgs:
-            amounts.setdefault(m["key"], m["amount"])
-        charges, todo, st = {}, list(amounts), {"claimed": 0, "replayed": 0, "waited": 0, "takeover": 0,
-                                                 "provider_dedup": 0, "fenced": 0, "heartbeats": 0}
-        deadline = time.monotonic() + 120
-        while todo:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"payment keys stuck in progress: {todo[:5]}")
-            rows = self.db.execute(
-                "SELECT key, outcome, token, attempts, payload FROM "
-                "idem_claim_batch(%s, ttl => make_interval(secs => %s), scope => 'payment')",
-                (todo, LEASE)).fetchall()
-            mine, busy = [], []
-            for key, outcome, token, attempts, payload in rows:
-                if outcome == "claimed":
-                    mine.append((key, token))
-                    st["claimed"] += 1
-                    st["takeover"] += attempts > 1
-                elif outcome == "completed":  # done before (by us before a crash, or by another)
-                    charges[key] = payload["charge"]
-                    st["replayed"] += 1
-                elif outcome == "in_progress":  # another holder's lease is live: retry after it ends
-                    busy.append(key)
-                else:
-                    raise RuntimeError(f"payment {key}: {outcome} {payload}")
-            done, last_beat, lost = [], time.monotonic(), set()
-            for i, (key, token) in enumerate(mine):
-                if key in lost:
-                    continue
-                if time.monotonic() - last_beat > LEASE / 3:  # a long batch: extend the leases left
-                    lost |= self.heartbeat(mine[i:], st)
-                    last_beat = time.monotonic()
-                    if key in lost:  # taken over while we were slow: the new holder does it
-                        continue
-                body, dedup = self.provider.charge(key, amounts[key])
-                st["provider_dedup"] += dedup
-                chaos_point("after_http")
-                done.append((key, token, body["charge"]))
-            if done:
-                try:
-                    self.db.execute(
-                        "SELECT idem_complete_batch(%s, %s::jsonb[], 'payment', %s::bigint[])",
-                        ([k for k, _, _ in done], [Jsonb({"charge": c}) for _, _, c in done],
-                         [t for _, t, _ in done]))
-                    charges.update({k: c for k, _, c in done})
-                except psycopg.errors.ObjectInUse:
-                    # a lease was taken over (we were frozen past it): complete the others one by one;
-                    # the lost keys go round again and replay the new holder's result
-                    for key, token, charge in done:
-                        try:
-                            self.db.execute("SELECT idem_complete(%s, %s, 'payment', %s::bigint)",
-                                            (key, Jsonb({"charge": charge}), token))
-                            charges[key] = charge
-                        except psycopg.errors.ObjectInUse:
-                            st["fenced"] += 1
-                            busy.append(key)
-            busy += sorted(lost)
-            todo = busy
-            if busy:
-                st["waited"] += len(busy)
-                time.sleep(0.5)
-        return charges, st
-
-    def heartbeat(self, leases, st):
-        """Extend the leases of [(key, token)]; return the keys whose lease was lost (55006)."""
-        st["heartbeats"] += 1
-        try:
-            self.db.execute(
-                "SELECT idem_heartbeat(k, make_interval(secs => %s), 'payment', t) "
-                "FROM unnest(%s::text[], %s::bigint[]) AS u(k, t)",
-                (LEASE, [k for k, _ in leases], [t for _, t in leases])).fetchall()
-            return set()
-        except psycopg.errors.ObjectInUse:  # one at least was taken over: find which, keep the others
-            lost = set()
-            for key, token in leases:
-                try:
-                    self.db.execute("SELECT idem_heartbeat(%s, make_interval(secs => %s), 'payment', %s)",
-                                    (key, LEASE, token))
-                except psycopg.errors.ObjectInUse:
-                    lost.add(key)
-            st["fenced"] += len(lost)
-            return lost
+        return pay(self.db, self.provider, msgs, LEASE, chaos_point)
 
     # ---- the ledger and the offset, inside the database (one transaction) -------------------
     def apply(self, msgs, charges):
-        keys = [m["key"] for m in msgs]
         last = {}
         for m in msgs:
             last[m["partition"]] = max(last.get(m["partition"], -1), m["offset"])
-        for attempt in range(10):
-            try:
-                with self.db.transaction():
-                    outcome = self.db.execute(
-                        "SELECT outcome FROM idem_claim_batch(%s, scope => 'ledger')", (keys,)).fetchall()
-                    claimed = [m for m, (o,) in zip(msgs, outcome) if o == "claimed"]
-                    if claimed:
-                        with self.db.cursor() as cur:
-                            cur.executemany(
-                                "INSERT INTO e2e.ledger (msg_key, partition, kafka_offset, amount, charge,"
-                                " consumer, generation) VALUES (%s, %s, %s, %s, %s, %s, %s)",
-                                [(m["key"], m["partition"], m["offset"], m["amount"], charges[m["key"]],
-                                  CID, self.generation) for m in claimed])
-                        self.db.execute("SELECT idem_complete_batch(%s, %s::jsonb[], 'ledger')",
-                                        ([m["key"] for m in claimed],
-                                         [Jsonb({"charge": charges[m["key"]]}) for m in claimed]))
-                    for p, off in sorted(last.items()):
-                        self.db.execute("SELECT idem_record_offset(%s, %s, %s, %s, %s)",
-                                        (GROUP, TOPIC, p, off, self.generation))
-                    chaos_point("mid_txn")
-                return {"claimed": len(claimed),
-                        "completed": sum(o == "completed" for (o,) in outcome),
-                        "in_batch_repeat": sum(o == "in_progress" for (o,) in outcome)}, last
-            except psycopg.errors.ObjectInUse as e:  # 55006: a newer generation owns a partition
-                raise Fenced(str(e).splitlines()[0])
-            except psycopg.Error as e:
-                if e.sqlstate not in RETRY_SQLSTATES:
-                    raise
-                time.sleep(0.05 * (attempt + 1))
-        raise RuntimeError("ledger transaction kept failing")
+
+        def record_offsets(db):
+            for p, off in sorted(last.items()):
+                db.execute("SELECT idem_record_offset(%s, %s, %s, %s, %s)",
+                           (GROUP, TOPIC, p, off, self.generation))
+
+        try:
+            st = apply_ledger(self.db, msgs, charges, CID, self.generation, also=record_offsets,
+                              chaos_point=chaos_point)
+        except psycopg.errors.ObjectInUse as e:  # 55006: a newer generation owns a partition
+            raise Fenced(str(e).splitlines()[0])
+        return st, last
 
     # ---- the loop ---------------------------------------------------------------------------
     def run(self):

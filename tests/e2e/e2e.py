@@ -13,7 +13,6 @@ import itertools
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
 import time
@@ -22,6 +21,10 @@ import urllib.request
 import psycopg
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from exactly_once import (FREEZE_S, Fleet, kills_so_far, log, process_state, read_events,  # noqa: E402
+                          setup_db, verify_ledger)  # shared with tests/brokers
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PY = sys.executable
@@ -36,151 +39,6 @@ PROFILES = {
 # where an armed consumer kills itself (SIGKILL) or freezes itself (SIGSTOP, woken by the driver)
 KILL_POINTS = ["in_assign", "after_http", "mid_txn", "after_commit"]
 FREEZE_POINTS = ["freeze_after_http", "freeze_before_txn"]
-FREEZE_S = 14  # longer than the session timeout (6 s) and the payment lease (8 s)
-ARM_S = 10     # an armed point not reached within this is withdrawn (an idle consumer, no rebalance)
-
-
-def log(msg):
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-class Fleet:
-    """The consumer processes: the desired set, restarts after deaths, and the chaos counters."""
-
-    def __init__(self, env, run_dir):
-        self.env, self.run_dir = env, run_dir
-        self.procs, self.next_cid = {}, 0
-        self.restart_at = {}                  # cid -> when to restart a dead member
-        self.frozen = {}                      # cid -> when to SIGCONT
-        self.freeze_armed = set()             # cids armed to stop themselves
-        self.armed_at = {}                    # cid -> when its arm file was written
-        self.count = collections.Counter()
-
-    def spawn(self, cid=None):
-        if cid is None:
-            cid, self.next_cid = self.next_cid, self.next_cid + 1
-        out = open(f"{self.run_dir}/c{cid}.out", "a")
-        self.procs[cid] = subprocess.Popen([PY, f"{HERE}/consumer.py", str(cid)], env=self.env,
-                                           stdout=out, stderr=subprocess.STDOUT)
-        return cid
-
-    def alive(self):
-        return [c for c, p in self.procs.items() if p.poll() is None]
-
-    def reap(self, restart_delay=(0.0, 2.0)):
-        """Schedule a restart for members that died (SIGKILL, self-kill, fenced)."""
-        now = time.monotonic()
-        for cid, p in list(self.procs.items()):
-            if p.poll() is not None and cid not in self.restart_at:
-                if p.returncode not in (-signal.SIGKILL, 3):
-                    self.count[f"exit_{p.returncode}"] += 1
-                    log(f"consumer {cid} exited with {p.returncode}: see {self.run_dir}/c{cid}.out")
-                self.restart_at[cid] = now + random.uniform(*restart_delay)
-        for cid, at in list(self.restart_at.items()):
-            if at <= now:
-                del self.restart_at[cid]
-                self.spawn(cid)
-        for cid, at in list(self.armed_at.items()):  # an arm not reached in ARM_S is withdrawn
-            path = f"{self.run_dir}/arm-{cid}"
-            if not os.path.exists(path):
-                del self.armed_at[cid]
-            elif now - at > ARM_S:
-                try:
-                    os.unlink(path)
-                    self.count["armed, point not reached"] += 1
-                except FileNotFoundError:
-                    pass
-                del self.armed_at[cid]
-        for cid in list(self.freeze_armed):  # a consumer that stopped itself: wake it in FREEZE_S
-            p = self.procs.get(cid)
-            if p is None or p.poll() is not None:
-                self.freeze_armed.discard(cid)
-            elif process_state(p.pid) == "T":
-                self.freeze_armed.discard(cid)
-                self.frozen[cid] = now + FREEZE_S
-            elif cid not in self.armed_at and not os.path.exists(f"{self.run_dir}/arm-{cid}"):
-                time.sleep(0.2)  # it may be between reading its arm and stopping
-                if process_state(p.pid) == "T":
-                    self.frozen[cid] = now + FREEZE_S
-                self.freeze_armed.discard(cid)
-        for cid, at in list(self.frozen.items()):
-            if at <= now:
-                del self.frozen[cid]
-                if self.procs[cid].poll() is None:
-                    os.kill(self.procs[cid].pid, signal.SIGCONT)
-
-    def kill9(self, cid):
-        os.kill(self.procs[cid].pid, signal.SIGKILL)
-        self.procs[cid].wait()
-        self.count["kill -9 (external, random moment)"] += 1
-
-    def arm(self, cid, point):
-        with open(f"{self.run_dir}/arm-{cid}", "w") as f:
-            f.write(point)
-        self.armed_at[cid] = time.monotonic()
-        if point.startswith("freeze_"):
-            self.freeze_armed.add(cid)
-
-    def remove(self, cid):
-        self.restart_at.pop(cid, None)
-        self.freeze_armed.discard(cid)
-        if self.frozen.pop(cid, None) is not None and self.procs[cid].poll() is None:
-            os.kill(self.procs[cid].pid, signal.SIGCONT)
-        self.procs[cid].send_signal(signal.SIGTERM)
-        try:
-            self.procs[cid].wait(30)
-        except subprocess.TimeoutExpired:
-            self.procs[cid].kill()
-            self.procs[cid].wait()
-        del self.procs[cid]
-        self.count["members removed (clean leave)"] += 1
-
-    def freeze(self, cid, seconds):
-        os.kill(self.procs[cid].pid, signal.SIGSTOP)
-        self.frozen[cid] = time.monotonic() + seconds
-        self.count["frozen past session and lease (zombie)"] += 1
-
-    def stop_all(self):
-        for cid in list(self.frozen) + list(self.freeze_armed):
-            if self.procs[cid].poll() is None:
-                os.kill(self.procs[cid].pid, signal.SIGCONT)
-        self.frozen.clear()
-        self.freeze_armed.clear()
-        for p in self.procs.values():
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in self.procs.values():
-            try:
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-
-
-def process_state(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return None
-
-
-def setup_db(dsn, db):
-    with psycopg.connect(dsn + " dbname=postgres", autocommit=True) as c:
-        c.execute(f"DROP DATABASE IF EXISTS {db}")
-        c.execute(f"CREATE DATABASE {db}")
-    with psycopg.connect(dsn + f" dbname={db}", autocommit=True) as c:
-        c.execute("CREATE EXTENSION idempotency")
-        c.execute("SELECT FROM idem_maintenance()")  # its first partitions
-        c.execute("""
-            CREATE SCHEMA e2e;
-            CREATE SEQUENCE e2e.epoch;
-            -- the business table: deliberately no unique constraint on msg_key, so that a duplicate
-            -- application would show up instead of being hidden by an index
-            CREATE TABLE e2e.ledger (id bigserial PRIMARY KEY, msg_key text NOT NULL, partition int,
-                kafka_offset bigint, amount int NOT NULL, charge text NOT NULL, consumer text,
-                generation bigint, at timestamptz DEFAULT clock_timestamp());
-        """)
 
 
 def high_watermarks(bootstrap, topic, parts):
@@ -194,25 +52,6 @@ def high_watermarks(bootstrap, topic, parts):
 def stored_offsets(db, group, topic):
     return {p: n for _, p, n, _, _ in
             db.execute("SELECT * FROM idem_offsets(%s, %s)", (group, topic)).fetchall()}
-
-
-def kills_so_far(run_dir, fleet):
-    selfkills = 0
-    for path in glob.glob(f"{run_dir}/c*.jsonl"):
-        with open(path) as f:
-            selfkills += f.read().count('"ev": "selfkill"')
-    return fleet.count["kill -9 (external, random moment)"] + selfkills
-
-
-def read_events(run_dir):
-    evs = []
-    for path in glob.glob(f"{run_dir}/c*.jsonl"):
-        cid = os.path.basename(path)[1:].split(".")[0]
-        with open(path) as f:
-            for line in f:
-                if line.endswith("\n"):  # a line cut by kill -9 is not an event
-                    evs.append({"cid": cid, **json.loads(line)})
-    return sorted(evs, key=lambda e: e["t"])
 
 
 def main():
@@ -252,7 +91,7 @@ def main():
     provider = subprocess.Popen([PY, f"{HERE}/provider.py", str(provider_port), "0.01"],
                                 stdout=open(f"{run_dir}/provider.out", "w"), stderr=subprocess.STDOUT)
     children.append(provider)
-    fleet = Fleet(env, run_dir)
+    fleet = Fleet([PY, f"{HERE}/consumer.py"], env, run_dir)
     try:
         time.sleep(0.5)
         for _ in range(cfg["k"]):
@@ -364,41 +203,13 @@ def main():
 
 
 def verify(db, group, topic, high, produced_file, stats):
-    v = []
     with open(produced_file) as f:
         produced = dict(json.load(f)["messages"])
-    ledger = collections.defaultdict(list)
-    for key, amount, charge in db.execute("SELECT msg_key, amount, charge FROM e2e.ledger"):
-        ledger[key].append((amount, charge))
-    dup = [k for k, rows in ledger.items() if len(rows) > 1]
-    lost = [k for k in produced if k not in ledger]
-    alien = [k for k in ledger if k not in produced]
-    wrong = [k for k, rows in ledger.items() if k in produced and rows[0][0] != produced[k]]
-    for name, keys in [("applied more than once", dup), ("lost (never applied)", lost),
-                       ("in the ledger but never produced", alien), ("wrong amount", wrong)]:
-        if keys:
-            v.append(f"{len(keys)} messages {name}, e.g. {keys[:3]}")
+    v = verify_ledger(db, produced, stats)
     stored = stored_offsets(db, group, topic)
     for p, h in sorted(high.items()):
         if stored.get(p) != h:
             v.append(f"partition {p}: stored next offset {stored.get(p)}, end of log {h}")
-    charges = stats["charges"]
-    if len(charges) != len(produced) or set(charges) != set(produced):
-        v.append(f"provider charged {len(charges)} distinct keys for {len(produced)} messages")
-    if stats["stats"]["mismatched"]:
-        v.append(f"provider saw {stats['stats']['mismatched']} key reuses with another amount")
-    bad = [k for k, rows in ledger.items() if k in charges and
-           (rows[0][1] != charges[k]["charge"] or charges[k]["amount"] != produced[k])]
-    if bad:
-        v.append(f"{len(bad)} ledger rows whose charge is not the provider's charge, e.g. {bad[:3]}")
-    open_keys = db.execute(
-        "SELECT scope, status, count(*) FROM idempotency.records WHERE status <> 'completed' "
-        "GROUP BY 1, 2").fetchall()
-    if open_keys:
-        v.append(f"keys not completed at the end: {open_keys}")
-    n_records = db.execute("SELECT scope, count(*) FROM idempotency.records GROUP BY 1").fetchall()
-    if dict(n_records) != {"ledger": len(produced), "payment": len(produced)}:
-        v.append(f"records per scope {dict(n_records)}, expected {len(produced)} each")
     return v
 
 
