@@ -15,7 +15,9 @@
 //! **Format** (on disk, part of the upgrade contract): a split block Bloom filter as Parquet
 //! specifies it (32-byte blocks of eight 32-bit words, one bit set per word by eight fixed salts),
 //! over the key lock's 64-bit hash (`keylock::hash_key`, equal to
-//! `hashtextextended(scope || E'\x1f' || key, 18756)`), so a claim hashes its key once for both.
+//! `hashtextextended(scope || E'\x1f' || key, 18756)`), so maintenance computes it in SQL and both sides
+//! agree by construction. (A claim computes it twice, once for the lock and once for the filters; passing
+//! the lock's hash down to the lookup would save that.)
 //! About 10 bits a key: 1.25 MB per million keys, about 1% false "maybe"s.
 //!
 //! **Where the bits are**: rows of `idempotency.filter_chunks` (248 blocks each, stored inline and
@@ -301,11 +303,16 @@ pub fn seal_past(conn: &Conn, as_of: pg_sys::TimestampTz) -> Sealing {
         done.sealed += 1;
     }
     if done.sealed > 0 {
-        // Every backend re-reads what is sealed, and where new rows go, after this commits.
-        // SAFETY: queues a relcache invalidation of an existing relation, sent at commit.
-        unsafe { pg_sys::CacheInvalidateRelcacheByRelid(catalog::records_oid()) };
+        announce_seal();
     }
     done
+}
+
+/// Makes every backend re-read what is sealed, and where new rows go, once this transaction commits:
+/// the invalidation a late writer processes when it locks its partition.
+fn announce_seal() {
+    // SAFETY: queues a relcache invalidation of an existing relation, sent at commit.
+    unsafe { pg_sys::CacheInvalidateRelcacheByRelid(catalog::records_oid()) };
 }
 
 /// A range partition of the record table, by oid: its name and the end of its range.
@@ -345,8 +352,7 @@ pub fn seal_partition(partition: pg_sys::Oid) -> bool {
     }
     conn.execute(&format!("LOCK TABLE idempotency.{} IN SHARE MODE", super::spi::quote_ident(&name)));
     seal(&conn, partition, &name, range_to);
-    // SAFETY: queues a relcache invalidation of an existing relation, sent at commit.
-    unsafe { pg_sys::CacheInvalidateRelcacheByRelid(catalog::records_oid()) };
+    announce_seal();
     true
 }
 
