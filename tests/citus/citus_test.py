@@ -553,9 +553,18 @@ def t_chaos(cl, ck, quick):
     t0 = time.time()
     for t in threads:
         t.start()
+    # Kill at points of progress, not of time: a fast machine must not finish the streams before the kills.
+    total_polls = parts * ((length + 7) // 8)
     kills, busy = 0, []
-    for victim in ([cl.w2, cl.w1] if quick else [cl.w2, cl.w1, cl.w2, cl.w1]):
-        time.sleep(random.uniform(0.5, 1.5))
+    victims = [cl.w2, cl.w1] if quick else [cl.w2, cl.w1, cl.w2, cl.w1]
+    for n, victim in enumerate(victims, 1):
+        target = total_polls * n // (len(victims) + 1) + random.randint(0, 3)
+        waited = time.time()
+        while time.time() - waited < 60 and any(t.is_alive() for t in threads):
+            with lock:
+                if state["polls"] >= target:
+                    break
+            time.sleep(0.01)
         busy.append(sum(1 for t in threads if t.is_alive()))
         victim.kill9()
         kills += 1
