@@ -50,6 +50,9 @@ def targets(bench):
         add(f"idem_once_batch(1000) keys/s >= pipelined redis SET NX ({lab} vs {REDIS_CONFIGS[cls][0]})", ">= 1.00",
             ratio("b_once_1000", "r_nx_p16", cls), lambda v: v >= 1.0, f"keys/s, new keys, {top} clients, pipeline 16")
     for cls in ("on", "off"):
+        add(f"statistics on: idem_once within 2% of statistics off ({PG_DURABILITY[cls]})", ">= 0.98",
+            ratio("st_on", "st_off", cls), lambda v: v >= 0.98, f"throughput st_on / st_off, new keys, {top} clients")
+    for cls in ("on", "off"):
         for clients in bench.args.clients:
             add(f"claim latency at {human(bench.args.growth_sizes[-1])} retained keys within 1.2x of empty ({PG_DURABILITY[cls]}, {clients} clients)",
                 "<= 1.20", ratio("g_2", "g_0", cls, clients, "p50_ms"), lambda v: v <= 1.2, "p50 latency g_2 / g_0")

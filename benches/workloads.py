@@ -62,12 +62,16 @@ WORKLOADS = {
     "mo_w2a": ("month", "10 idem_once, {n} keys over 30 daily partitions", "tx/s"),
     "mo_w5a": ("month", "10 5a INSERT PENDING; UPDATE COMPLETED, {n} keys", "msg/s"),
     "mo_w3": ("month", "10 idem_claim + idem_complete, {n} keys over 30 daily partitions", "msg/s"),
+    # What the statistics cost: the same idem_once with idempotency.stats off, then on (the default).
+    "st_off": ("stats", "11 idem_once, statistics off", "tx/s"),
+    "st_on": ("stats", "11 idem_once, statistics on (default)", "tx/s"),
 }
 REFERENCE = {
     "dedup": "w1", "business": "w5a_biz", "message": "w5a", "batch": "r_nx_p16",
     "pydriver": "py_floor", "growth": "g_0", "partitions": "p_0", "week": "wk_w1", "month": "mo_w1",
+    "stats": "st_off",
 }
-GROUP_ORDER = ["dedup", "business", "message", "batch", "pydriver", "growth", "partitions", "week", "month"]
+GROUP_ORDER = ["dedup", "business", "message", "batch", "pydriver", "growth", "partitions", "week", "month", "stats"]
 # In this order, so that the rows a ratio compares run back to back (noise hits them alike).
 PGBENCH_SCRIPTS = {
     "w1": "w1_floor.sql", "w2a": "w2a_once.sql", "w5c": "w5c_plain_insert.sql",
@@ -141,6 +145,20 @@ def pg_jobs(bench, sync):
                 if not bench.wanted(wid) or (a.quick and dup and wid == "py_floor"):
                     continue
                 jobs.append(job(wid, keys, sync, dur, clients, "pydriver", pydriver_fn(w, clients, dup)))
+    # The statistics' cost: idem_once with idempotency.stats off, then on, back to back in each round
+    # (set for the role, so every pgbench connection has it).
+    top = max(a.clients)
+    for wid, setting in (("st_off", "off"), ("st_on", "on")):
+        if not bench.wanted(wid):
+            continue
+
+        def stats_fn(setting=setting):
+            bench.admin.q(f"ALTER ROLE bench SET idempotency.stats = {setting}")
+            try:
+                return pgbench_fn("w2a_once.sql", top, {"dup": 0, "dupkeys": DUPKEYS}, True)()
+            finally:
+                bench.admin.q("ALTER ROLE bench RESET idempotency.stats")
+        jobs.append(job(wid, "new", sync, dur, top, "pgbench", stats_fn))
     return jobs
 
 
