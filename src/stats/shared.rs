@@ -301,27 +301,30 @@ unsafe extern "C-unwind" fn save_at_exit(code: std::ffi::c_int, _arg: pg_sys::Da
     }
 }
 
+/// A slot as written to the file of the last clean shutdown.
+#[derive(Debug, PartialEq, Eq)]
+struct Saved {
+    db: u32,
+    shared: bool,
+    name: String,
+    reset_at: i64,
+    counts: [u64; COUNTERS],
+}
+
 fn save() -> std::io::Result<()> {
-    let mut out = Vec::new();
-    out.extend_from_slice(DUMP_MAGIC);
-    out.extend_from_slice(&(COUNTERS as u32).to_le_bytes());
-    for i in 0..header().slots as usize {
-        let s = slot(i);
-        if s.ready.load(Ordering::Acquire) == 0 {
-            continue;
-        }
-        let name = read_name(s);
-        out.extend_from_slice(&s.db.load(Ordering::Relaxed).to_le_bytes());
-        out.push(s.shared.load(Ordering::Relaxed) as u8);
-        out.extend_from_slice(&(name.len() as u32).to_le_bytes());
-        out.extend_from_slice(name.as_bytes());
-        out.extend_from_slice(&s.reset_at.load(Ordering::Relaxed).to_le_bytes());
-        for c in &s.counts {
-            out.extend_from_slice(&c.load(Ordering::Relaxed).to_le_bytes());
-        }
-    }
+    let saved: Vec<Saved> = (0..header().slots as usize)
+        .map(slot)
+        .filter(|s| s.ready.load(Ordering::Acquire) != 0)
+        .map(|s| Saved {
+            db: s.db.load(Ordering::Relaxed),
+            shared: s.shared.load(Ordering::Relaxed) == 1,
+            name: read_name(s),
+            reset_at: s.reset_at.load(Ordering::Relaxed),
+            counts: std::array::from_fn(|c| s.counts[c].load(Ordering::Relaxed)),
+        })
+        .collect();
     let tmp = format!("{DUMP_FILE}.tmp");
-    std::fs::write(&tmp, out)?;
+    std::fs::write(&tmp, encode(&saved))?;
     std::fs::rename(tmp, DUMP_FILE)
 }
 
@@ -332,17 +335,49 @@ fn load() {
         return;
     };
     let _ = std::fs::remove_file(DUMP_FILE);
-    if parse(&bytes).is_none() {
+    let Some(saved) = decode(&bytes) else {
         pgrx::log!("idempotency: ignored {DUMP_FILE}: not a statistics file of this version");
+        return;
+    };
+    for row in saved {
+        let i = match row.shared {
+            true => find_or_take(hash_of(row.db, "", true), row.db, "", true, &|| true),
+            false => Some(slot_of(row.db, &row.name)),
+        };
+        if let Some(i) = i {
+            add_all(i, &row.counts);
+            slot(i).reset_at.store(row.reset_at, Ordering::Relaxed);
+        }
     }
 }
 
-fn parse(bytes: &[u8]) -> Option<()> {
+/// The file: a magic, how many counters each row has, then the rows, little-endian.
+fn encode(rows: &[Saved]) -> Vec<u8> {
+    let mut out = Vec::new();
+    out.extend_from_slice(DUMP_MAGIC);
+    out.extend_from_slice(&(COUNTERS as u32).to_le_bytes());
+    for r in rows {
+        out.extend_from_slice(&r.db.to_le_bytes());
+        out.push(r.shared as u8);
+        out.extend_from_slice(&(r.name.len() as u32).to_le_bytes());
+        out.extend_from_slice(r.name.as_bytes());
+        out.extend_from_slice(&r.reset_at.to_le_bytes());
+        for c in &r.counts {
+            out.extend_from_slice(&c.to_le_bytes());
+        }
+    }
+    out
+}
+
+/// The rows of a file, None when it is not one (or is cut short). A file of a version with fewer
+/// counters leaves the new ones at 0; one with more drops those this version does not know.
+fn decode(bytes: &[u8]) -> Option<Vec<Saved>> {
     let mut r = Reader(bytes);
     if r.take(8)? != DUMP_MAGIC {
         return None;
     }
     let stored = r.u32()? as usize;
+    let mut rows = Vec::new();
     while !r.0.is_empty() {
         let db = r.u32()?;
         let shared = r.take(1)?[0] == 1;
@@ -352,21 +387,13 @@ fn parse(bytes: &[u8]) -> Option<()> {
         let mut counts = [0u64; COUNTERS];
         for i in 0..stored {
             let n = r.u64()?;
-            if i < COUNTERS {
-                counts[i] = n;
+            if let Some(c) = counts.get_mut(i) {
+                *c = n;
             }
         }
-        let i = if shared {
-            find_or_take(hash_of(db, "", true), db, "", true, &|| true)
-        } else {
-            Some(slot_of(db, &name))
-        };
-        if let Some(i) = i {
-            add_all(i, &counts);
-            slot(i).reset_at.store(reset_at, Ordering::Relaxed);
-        }
+        rows.push(Saved { db, shared, name, reset_at, counts });
     }
-    Some(())
+    Some(rows)
 }
 
 struct Reader<'a>(&'a [u8]);
@@ -385,5 +412,51 @@ impl<'a> Reader<'a> {
     }
     fn u64(&mut self) -> Option<u64> {
         Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
+    }
+}
+
+#[cfg(test)]
+mod file_tests {
+    use super::*;
+
+    fn row(db: u32, name: &str, shared: bool, n: u64) -> Saved {
+        Saved { db, shared, name: name.into(), reset_at: 7_000_000 + n as i64, counts: std::array::from_fn(|i| n * 100 + i as u64) }
+    }
+
+    #[test]
+    fn a_file_reads_back_as_written() {
+        let rows = vec![row(16384, "payments", false, 1), row(16384, "", true, 2), row(5, "é-ü 😀", false, 3)];
+        assert_eq!(decode(&encode(&rows)), Some(rows));
+        assert_eq!(decode(&encode(&[])), Some(vec![]));
+    }
+
+    #[test]
+    fn a_damaged_or_foreign_file_is_refused() {
+        let bytes = encode(&[row(1, "a", false, 1), row(1, "b", false, 2)]);
+        for cut in [0, 4, 8, 11, 20, bytes.len() - 1] {
+            assert_eq!(decode(&bytes[..cut]), None, "cut at {cut}");
+        }
+        let mut foreign = bytes.clone();
+        foreign[0] = b'X';
+        assert_eq!(decode(&foreign), None);
+    }
+
+    #[test]
+    fn a_file_with_other_counters_keeps_those_it_shares() {
+        // Written by a version with 3 counters only.
+        let mut bytes = DUMP_MAGIC.to_vec();
+        bytes.extend_from_slice(&3u32.to_le_bytes());
+        bytes.extend_from_slice(&9u32.to_le_bytes());
+        bytes.push(0);
+        bytes.extend_from_slice(&1u32.to_le_bytes());
+        bytes.push(b's');
+        bytes.extend_from_slice(&42i64.to_le_bytes());
+        for n in [10u64, 20, 30] {
+            bytes.extend_from_slice(&n.to_le_bytes());
+        }
+        let rows = decode(&bytes).expect("readable");
+        assert_eq!(rows[0].counts[..3], [10, 20, 30]);
+        assert!(rows[0].counts[3..].iter().all(|&n| n == 0));
+        assert_eq!((rows[0].db, rows[0].name.as_str(), rows[0].reset_at), (9, "s", 42));
     }
 }
