@@ -83,6 +83,58 @@ COMMENT ON FUNCTION idempotency.seal_partition(oid) IS
 COMMENT ON FUNCTION idempotency.premake_partitions(timestamptz) IS
 'Creates the missing partitions of idempotency.records from as_of to idempotency.premake intervals ahead; returns how many.';
 
+-- Watching and steering: idempotency_admin redrives and forgets keys and resets the statistics;
+-- it and pg_monitor read the statistics, the health snapshot and the views of keys in flight and
+-- dead letters. Consumers get none of it.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'idempotency_admin') THEN
+        CREATE ROLE idempotency_admin NOLOGIN;
+    END IF;
+END
+$$;
+GRANT USAGE ON SCHEMA idempotency TO idempotency_admin, pg_monitor;
+GRANT SELECT ON idempotency.stats, idempotency.in_flight, idempotency.dead_letters, idempotency.partitions
+    TO idempotency_admin, pg_monitor;
+GRANT EXECUTE ON FUNCTION
+    idem_stats(),
+    idem_metrics(),
+    idempotency.scope_stats(),
+    idempotency.stats_totals(),
+    idempotency.maintenance_state()
+TO idempotency_admin, pg_monitor;
+GRANT EXECUTE ON FUNCTION
+    idem_stats_reset(text),
+    idem_redrive(text, text),
+    idem_redrive_scope(text, timestamptz, integer),
+    idem_forget(text, text)
+TO idempotency_admin;
+
+COMMENT ON VIEW idempotency.stats IS
+'Cumulative counters per scope of this database since stats_reset (shared memory; needs shared_preload_libraries). Counted when the calling transaction ends, committed or not. scope NULL: the scopes beyond idempotency.stats_max_scopes. claims = claimed_new + takeovers + retries + answered_*.';
+COMMENT ON VIEW idempotency.in_flight IS
+'Pending keys: state leased (live lease), expired (lease ended, not taken over yet) or released (a retryable failure, waiting for the next claim); age = now - created_at.';
+COMMENT ON VIEW idempotency.dead_letters IS
+'Terminal failures with their stored error: idem_fail(retryable => false), retries past idempotency.max_attempts, poison messages. idem_redrive makes them claimable again.';
+COMMENT ON FUNCTION idem_stats() IS
+'The counters of idempotency.stats added up over all scopes of this database, with the number of scopes, whether counting is on (library preloaded and idempotency.stats on) and the oldest stats_reset.';
+COMMENT ON FUNCTION idem_stats_reset(text) IS
+'Zeroes the counters of one scope, or of all scopes of this database (NULL); returns the time of the reset. For idempotency_admin.';
+COMMENT ON FUNCTION idem_metrics() IS
+'Health snapshot computed now, one row per scope: retained, completed, in flight, oldest in flight, expired leases, awaiting retry, dead letters; and for the database: partitions, premade_ahead, the maintenance rounds (needs the library preloaded), worker_running. Reads every retained record.';
+COMMENT ON FUNCTION idem_redrive(text, text) IS
+'Makes a failed (dead-letter) key claimable again: released, attempts counted from zero, error kept. False when the key is not failed; P0002 when unknown. Takes the key lock. For idempotency_admin.';
+COMMENT ON FUNCTION idem_redrive_scope(text, timestamptz, integer) IS
+'Redrives up to max_keys failed keys of a scope (failed since failed_since, when given), in key order; returns how many. Call again until 0. Holds each key''s lock until commit. For idempotency_admin.';
+COMMENT ON FUNCTION idem_forget(text, text) IS
+'Deletes a key''s record whatever its state, so that it is processed again from scratch; false when unknown. A holder of its lease then gets P0002. Takes the key lock. For idempotency_admin.';
+COMMENT ON FUNCTION idempotency.scope_stats() IS
+'The counters behind idempotency.stats, per scope, in the order of its columns (lock waits in microseconds).';
+COMMENT ON FUNCTION idempotency.stats_totals() IS
+'The counters behind idem_stats(), added up over the scopes of this database.';
+COMMENT ON FUNCTION idempotency.maintenance_state() IS
+'The last maintenance round of this database since the server started (worker or idem_maintenance()), how many ran and failed, the last error. Empty without the library preloaded.';
+
 -- No partition is made here. A dump restored into this database brings its own partitions, and any
 -- made now would collide with them (CREATE EXTENSION cannot tell a restore from a new install: it
 -- runs its script with check_function_bodies off either way). The first writing call, or the

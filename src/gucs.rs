@@ -42,6 +42,8 @@ enum SetBy {
     Superuser,
     /// postgresql.conf or `ALTER SYSTEM`, then a reload: what the maintenance worker reads.
     Reload,
+    /// postgresql.conf, then a restart: sizes of shared memory.
+    Startup,
 }
 
 impl SetBy {
@@ -50,6 +52,7 @@ impl SetBy {
             SetBy::Anyone => GucContext::Userset,
             SetBy::Superuser => GucContext::Suset,
             SetBy::Reload => GucContext::Sighup,
+            SetBy::Startup => GucContext::Postmaster,
         }
     }
 }
@@ -192,7 +195,18 @@ static MAX_BATCH_KEYS: Int = Int {
     set_by: SetBy::Superuser,
     flags: GucFlags::empty(),
 };
+static STATS_MAX_SCOPES: Int = Int {
+    name: c"idempotency.stats_max_scopes",
+    short: c"Scopes per cluster that idempotency.stats counts one by one.",
+    long: c"Counters of further scopes are added up in one row per database with scope NULL. Sizes shared memory (about 300 bytes a scope); needs shared_preload_libraries.",
+    value: GucSetting::<i32>::new(1_000),
+    min: 1,
+    max: 1_000_000,
+    set_by: SetBy::Startup,
+    flags: GucFlags::empty(),
+};
 
+static STATS: GucSetting<bool> = GucSetting::<bool>::new(true);
 static DATABASE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"postgres"));
 static PARTITION_MANAGER: GucSetting<PartitionManager> =
     GucSetting::<PartitionManager>::new(PartitionManager::Builtin);
@@ -211,9 +225,18 @@ pub fn init() {
         &DROP_LOCK_TIMEOUT,
         &MAX_BATCH_KEYS,
         &FILTER_MEMORY,
+        &STATS_MAX_SCOPES,
     ] {
         setting.register();
     }
+    GucRegistry::define_bool_guc(
+        c"idempotency.stats",
+        c"Counts what the idem_* calls answer, per scope, in idempotency.stats.",
+        c"Needs the library in shared_preload_libraries. Counts are kept per backend and published when its transaction ends.",
+        &STATS,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
     GucRegistry::define_string_guc(
         c"idempotency.database",
         c"Comma-separated databases the maintenance worker maintains.",
@@ -283,4 +306,10 @@ pub fn databases() -> Vec<String> {
 }
 pub fn partition_manager() -> PartitionManager {
     PARTITION_MANAGER.get()
+}
+pub fn stats() -> bool {
+    STATS.get()
+}
+pub fn stats_max_scopes() -> usize {
+    STATS_MAX_SCOPES.value.get() as usize
 }

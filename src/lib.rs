@@ -5,6 +5,7 @@
 //! - [`storage`]: SPI access to the record table, per-key locks and time partitions;
 //! - [`gucs`]: the `idempotency.*` settings;
 //! - [`worker`]: the background worker that runs maintenance rounds;
+//! - [`stats`]: cumulative counters per scope and the maintenance rounds' state, in shared memory;
 //! - [`errors`]: the SQLSTATEs the API raises;
 //! - [`citus`]: under Citus, a planner hook that refuses a NULL scope before Citus plans the call.
 //!
@@ -15,6 +16,7 @@ mod api;
 mod citus;
 mod errors;
 mod gucs;
+mod stats;
 mod storage;
 mod tests;
 mod worker;
@@ -28,6 +30,7 @@ pgrx::extension_sql_file!("../sql/finalize.sql", name = "finalize", finalize);
 pub extern "C-unwind" fn _PG_init() {
     errors::init();
     gucs::init();
+    stats::init();
     storage::init();
     worker::register();
     citus::init();

@@ -7,6 +7,7 @@
 //! database; the launcher itself never opens a transaction. SIGHUP re-reads the GUCs, SIGTERM
 //! stops the launcher; the postmaster restarts it after a crash.
 use crate::gucs;
+use crate::stats;
 use crate::storage;
 use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags};
 use pgrx::prelude::*;
@@ -116,7 +117,7 @@ pub extern "C-unwind" fn idem_maintenance_main(_arg: pg_sys::Datum) {
             );
             return None;
         }
-        storage::maintenance_round(storage::transaction_start(), false)
+        stats::rounds::observe(|| storage::maintenance_round(storage::transaction_start(), false))
     });
     match round {
         Some(r) if r.did_something() => log!(

@@ -2,6 +2,7 @@
 use super::args;
 use crate::errors;
 use crate::gucs::{self, PartitionManager};
+use crate::stats;
 use crate::storage;
 use pgrx::prelude::*;
 
@@ -22,7 +23,8 @@ fn idem_maintenance(
 > {
     args::writable("idem_maintenance");
     let as_of = as_of.unwrap_or_else(|| errors::null_argument("as_of"));
-    let r = storage::maintenance_round(as_of.into_inner(), true).expect("waited for the maintenance lock");
+    let r = stats::rounds::observe(|| storage::maintenance_round(as_of.into_inner(), true))
+        .expect("waited for the maintenance lock");
     TableIterator::once((r.created, r.dropped, r.deferred, r.reclaimed))
 }
 

@@ -12,6 +12,7 @@
 //! `scope || 0x1f || key` with a fixed seed: the same value as the SQL expression
 //! `hashtextextended(scope || E'\x1f' || key, 18756)`. Keys and scopes cannot contain 0x1f (control
 //! characters are rejected), so the separator keeps ("a", "bc") and ("ab", "c") apart.
+use crate::stats;
 use pgrx::pg_sys;
 
 /// `locktag_field4` of our advisory locks ("ID").
@@ -87,7 +88,14 @@ impl KeyLock {
 /// and deadlock detection).
 pub fn lock_key(scope: &str, key: &str, wait: bool) -> Option<KeyLock> {
     let hash = hash_key(scope, key);
-    match acquire(hash, LOCK_NAMESPACE, wait) {
+    let mut got = acquire(hash, LOCK_NAMESPACE, false);
+    if got == pg_sys::LockAcquireResult::LOCKACQUIRE_NOT_AVAIL && wait {
+        // Busy: wait for it, and count the wait (idempotency.stats).
+        let started = super::xact::clock();
+        got = acquire(hash, LOCK_NAMESPACE, true);
+        stats::lock_wait(scope, (super::xact::clock() - started).max(0) as u64);
+    }
+    match got {
         pg_sys::LockAcquireResult::LOCKACQUIRE_NOT_AVAIL => None,
         pg_sys::LockAcquireResult::LOCKACQUIRE_OK => Some(KeyLock { hash, fresh: true }),
         _ => Some(KeyLock { hash, fresh: false }),

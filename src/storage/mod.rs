@@ -2,11 +2,13 @@
 //! direct index probes. Only the operations re-exported here are visible to the rest of the crate.
 //!
 //! - `decide`: what a call does to one key (pure, unit-tested); `records`: reads and writes keys;
+//!   `admin`: redrive and forget keys by hand;
 //! - `offsets`: broker positions; `maintenance`: one retention round; `partitions`: time
 //!   partitions and their indexes; `partman`: the handover to pg_partman;
 //! - `probe`: index lookups without the executor; `spi`: saved plans; `owner`: running as the table's owner;
 //!   `filters`: sealed partitions and their membership filters; `keylock`: the per-key lock; `catalog`: cached catalog facts; `xact`: transaction facts;
 //!   `document`: jsonb payloads passed through.
+mod admin;
 mod catalog;
 mod decide;
 mod document;
@@ -22,6 +24,7 @@ mod records;
 mod spi;
 mod xact;
 
+pub use admin::{forget, redrive, redrive_scope};
 pub use document::{Document, Documents};
 pub use maintenance::round as maintenance_round;
 pub use offsets::{

@@ -4,7 +4,7 @@
 //! latest snapshot, so the read sees what the previous lock holder committed. Under REPEATABLE
 //! READ and SERIALIZABLE a record the transaction's own snapshot cannot see means a concurrent
 //! transaction got there first: that is a serialization failure, never a second claim.
-use super::decide::{self, Answer, ClaimDecision, FailDecision, NotHeld, State};
+use super::decide::{self, Answer, ClaimDecision, FailDecision, Lease, NotHeld, State};
 use super::document::{Document, Documents};
 use super::keylock::{self, KeyLock};
 use super::partitions;
@@ -13,6 +13,7 @@ use super::spi::{arg, tid_arg, ts_arg, Conn, Rows, Snap, Stmt};
 use super::xact;
 use crate::errors;
 use crate::gucs;
+use crate::stats::{self, Counter};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::collections::HashMap;
@@ -113,13 +114,13 @@ static HEARTBEAT: Stmt = Stmt {
 };
 
 /// One key's record as the latest snapshot sees it.
-struct Record {
-    state: State,
+pub(super) struct Record {
+    pub(super) state: State,
     attempts: i32,
     fingerprint: Option<String>,
     xmin: pg_sys::TransactionId,
     /// Where it is: its partition and its ctid there.
-    partition: pg_sys::Oid,
+    pub(super) partition: pg_sys::Oid,
     tid: pg_sys::ItemPointerData,
     /// The stored payload for `completed`, the stored error otherwise (read only when needed).
     document: Option<Document>,
@@ -142,6 +143,7 @@ impl Key<'_> {
 /// SERIALIZABLE) was written concurrently: raise 40001.
 fn check_visible(k: Key, xmin: pg_sys::TransactionId) {
     if xact::snapshot_misses(xmin) {
+        stats::count(k.scope, Counter::SerializationFailures);
         errors::serialization_failure(k.scope, k.key);
     }
 }
@@ -171,14 +173,14 @@ impl Record {
     }
 
     /// `$1` to `$3` of the statements that update this row version: scope, key, ctid.
-    fn row_args(&self, k: Key) -> [Option<pg_sys::Datum>; 3] {
+    pub(super) fn row_args(&self, k: Key) -> [Option<pg_sys::Datum>; 3] {
         [arg(k.scope), arg(k.key), tid_arg(self.tid)]
     }
 }
 
 /// A key's record under the latest snapshot. `_conn` is open: documents are copied out to the
 /// caller's memory through SPI.
-fn lookup(_conn: &Conn, k: Key) -> Option<Record> {
+pub(super) fn lookup(_conn: &Conn, k: Key) -> Option<Record> {
     Prober::open(k.scope).find(k.key, |t| Record::from_tuple(t, k))
 }
 
@@ -209,13 +211,13 @@ fn lock_all<'a>(scope: &str, keys: &[&'a str]) -> Vec<(&'a str, KeyLock)> {
         .collect()
 }
 
-fn expect_one(rows: &Rows, what: &str) {
+pub(super) fn expect_one(rows: &Rows, what: &str) {
     if rows.len() != 1 {
         panic!("idempotency: {what} touched {} rows instead of 1", rows.len());
     }
 }
 
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
     Claimed,
     Completed,
@@ -225,6 +227,27 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// The counter of a claim answered without taking the key (none for `claimed`, whose counter
+    /// says how the key was taken).
+    fn counter(self) -> Option<Counter> {
+        match self {
+            Outcome::Claimed => None,
+            Outcome::Completed => Some(Counter::AnsweredCompleted),
+            Outcome::InProgress => Some(Counter::AnsweredInProgress),
+            Outcome::Failed => Some(Counter::AnsweredFailed),
+            Outcome::Mismatch => Some(Counter::AnsweredMismatch),
+        }
+    }
+
+    /// The outcome `idem_once` reports as `false` for a key with this record's status.
+    fn of_status(status: &str) -> Outcome {
+        match status {
+            "completed" => Outcome::Completed,
+            "failed" => Outcome::Failed,
+            _ => Outcome::InProgress,
+        }
+    }
+
     pub fn as_str(&self) -> &'static str {
         match self {
             Outcome::Claimed => "claimed",
@@ -298,14 +321,25 @@ impl Claim {
     }
 }
 
+/// Counts an answer given without taking the key.
+fn count_answer(scope: &str, outcome: Outcome) {
+    if let Some(counter) = outcome.counter() {
+        stats::count(scope, counter);
+    }
+}
+
 pub fn claim(k: Key, ttl: Interval, fingerprint: Option<&str>, wait: bool) -> Claim {
     let conn = Conn::open();
     partitions::ensure_covered(&conn, xact::start_time());
+    stats::count(k.scope, Counter::Claims);
     let Some(lock) = keylock::lock_key(k.scope, k.key, wait) else {
         // Another open transaction holds the key: report what is settled, never write.
         return match lookup(&conn, k) {
             Some(rec) => claim_existing(&conn, k, rec, ttl, fingerprint, None),
-            None => Claim::busy(),
+            None => {
+                stats::count(k.scope, Counter::AnsweredInProgress);
+                Claim::busy()
+            }
         };
     };
     if let Some(rec) = lookup(&conn, k) {
@@ -319,6 +353,7 @@ pub fn claim(k: Key, ttl: Interval, fingerprint: Option<&str>, wait: bool) -> Cl
         Snap::Statement,
     );
     expect_one(&rows, "claim");
+    stats::count(k.scope, Counter::ClaimedNew);
     Claim::claimed(rows.get(0, 1), Some(1), rows.get_ts(0, 2))
 }
 
@@ -346,15 +381,25 @@ fn claim_existing(
             if let Some(lock) = lock {
                 lock.release_if_only_read();
             }
-            Claim::answer(answer, rec)
+            let claim = Claim::answer(answer, rec);
+            count_answer(k.scope, claim.outcome);
+            claim
         }
         ClaimDecision::MarkPoison => {
             let rows = conn.run_on(&MARK_POISON, rec.partition, &rec.row_args(k), Snap::Statement);
             expect_one(&rows, "mark failed");
             let error = rows.get_document(0, 1);
+            for counter in [Counter::Poisoned, Counter::DeadLettered, Counter::AnsweredFailed] {
+                stats::count(k.scope, counter);
+            }
             Claim { payload: error, ..Claim::answer(Answer::Failed, rec) }
         }
         ClaimDecision::TakeOver => {
+            let how = match rec.state {
+                State::Pending(Lease::Released { .. }) => Counter::Retries,
+                _ => Counter::Takeovers,
+            };
+            stats::count(k.scope, how);
             let [scope, key, tid] = rec.row_args(k);
             let rows = conn.run_on(
                 &TAKE_OVER,
@@ -374,6 +419,7 @@ fn claim_existing(
 pub fn claim_batch(scope: &str, keys: &[&str], ttl: Interval) -> Vec<Claim> {
     let conn = Conn::open();
     partitions::ensure_covered(&conn, xact::start_time());
+    stats::add(scope, Counter::Claims, keys.len() as u64);
     let locks = lock_all(scope, keys);
     let distinct: Vec<&str> = locks.iter().map(|(key, _)| *key).collect();
     let mut found = lookup_many(&conn, scope, &distinct);
@@ -392,6 +438,7 @@ pub fn claim_batch(scope: &str, keys: &[&str], ttl: Interval) -> Vec<Claim> {
             let slot = *missing.iter().find(|m| **m == key).expect("inserted key was asked for");
             answers.insert(slot, Claim::claimed(rows.get(i, 2), Some(1), rows.get_ts(i, 3)));
         }
+        stats::add(scope, Counter::ClaimedNew, rows.len() as u64);
     }
     for (key, lock) in locks {
         if let Some(rec) = found.remove(key) {
@@ -402,7 +449,12 @@ pub fn claim_batch(scope: &str, keys: &[&str], ttl: Interval) -> Vec<Claim> {
     keys.iter()
         .map(|key| {
             let first = answers.get(key).expect("every key answered");
-            first.copy(!seen.insert(*key))
+            let repeated = !seen.insert(*key);
+            let claim = first.copy(repeated);
+            if repeated {
+                count_answer(scope, claim.outcome);
+            }
+            claim
         })
         .collect()
 }
@@ -420,7 +472,10 @@ fn check_held(k: Key, rec: Option<Record>, token: Option<i64>) -> Record {
         Ok(()) => rec.expect("a held key has a record"),
         Err(NotHeld::Unknown) => errors::unknown_key(k.scope, k.key),
         Err(NotHeld::Settled(status)) => errors::already_terminal(k.scope, k.key, status),
-        Err(NotHeld::LeaseLost(why)) => errors::lease_lost(k.scope, k.key, &why),
+        Err(NotHeld::LeaseLost(why)) => {
+            stats::count(k.scope, Counter::StaleRefused);
+            errors::lease_lost(k.scope, k.key, &why)
+        }
     }
 }
 
@@ -431,15 +486,23 @@ pub fn complete(k: Key, payload: Option<Document>, token: Option<i64>) {
     let payload = payload.map(|d| d.datum());
     let rows = conn.run_on(&COMPLETE, rec.partition, &[scope, key, tid, payload], Snap::Statement);
     expect_one(&rows, "complete");
+    stats::count(k.scope, Counter::Completes);
 }
 
 /// Records a failure; returns the status the key is left in: "released" or "failed".
 pub fn fail(k: Key, error: Option<Document>, retryable: bool, token: Option<i64>) -> &'static str {
     let conn = Conn::open();
     let rec = held(&conn, k, token);
+    stats::count(k.scope, Counter::Fails);
     let (stmt, left) = match decide::fail(retryable, rec.attempts, gucs::max_attempts()) {
         FailDecision::Release => (&RELEASE, "released"),
-        FailDecision::MarkFailed => (&MARK_FAILED, "failed"),
+        FailDecision::MarkFailed => {
+            stats::count(k.scope, Counter::DeadLettered);
+            if retryable {
+                stats::count(k.scope, Counter::Poisoned);
+            }
+            (&MARK_FAILED, "failed")
+        }
     };
     let [scope, key, tid] = rec.row_args(k);
     let error = error.map(|d| d.datum());
@@ -454,22 +517,36 @@ pub fn heartbeat(k: Key, ttl: Interval, token: Option<i64>) -> pg_sys::Timestamp
     let [scope, key, tid] = rec.row_args(k);
     let rows = conn.run_on(&HEARTBEAT, rec.partition, &[scope, key, tid, arg(ttl)], Snap::Statement);
     expect_one(&rows, "heartbeat");
+    stats::count(k.scope, Counter::Heartbeats);
     rows.get_ts(0, 1).expect("expires_at")
+}
+
+/// What `idem_once` read of a key it answers `false` for: the record's `xmin`, and which answer that
+/// is (read only when counted).
+fn once_answer(t: &Tuple) -> (pg_sys::TransactionId, Outcome) {
+    let seen = match stats::enabled() {
+        true => Outcome::of_status(&t.get::<String>(Col::Status).unwrap_or_default()),
+        false => Outcome::Completed,
+    };
+    (t.xmin(), seen)
 }
 
 /// True exactly once per key over all committed transactions.
 pub fn once(k: Key) -> bool {
     let conn = Conn::open();
     partitions::ensure_covered(&conn, xact::start_time());
+    stats::count(k.scope, Counter::Claims);
     let lock = keylock::lock_key(k.scope, k.key, true).expect("waited for the lock");
-    if let Some(xmin) = Prober::open(k.scope).find(k.key, |t| t.xmin()) {
+    if let Some((xmin, seen)) = Prober::open(k.scope).find(k.key, once_answer) {
         check_visible(k, xmin);
+        count_answer(k.scope, seen);
         lock.release_if_only_read();
         return false;
     }
     let (partition, created_at) = new_rows_go(&conn);
     let [scope, key] = k.args();
     conn.run_on(&INSERT_ONCE, partition, &[scope, key, created_at], Snap::Statement);
+    stats::count(k.scope, Counter::ClaimedNew);
     true
 }
 
@@ -489,6 +566,7 @@ pub fn complete_batch(
     }
     let payloads = payloads.map(|p| p.datum());
     let rows = conn.run(&COMPLETE_MANY, &[arg(scope), arg(keys.to_vec()), payloads], Snap::Statement);
+    stats::add(scope, Counter::Completes, rows.len() as u64);
     rows.len() as i64
 }
 
@@ -497,17 +575,32 @@ pub fn complete_batch(
 pub fn once_batch(scope: &str, keys: &[&str]) -> Vec<String> {
     let conn = Conn::open();
     partitions::ensure_covered(&conn, xact::start_time());
+    stats::add(scope, Counter::Claims, keys.len() as u64);
     let locks = lock_all(scope, keys);
     // Opened after the locks: its snapshot must see what their previous holders committed.
     let mut prober = Prober::open(scope);
     let mut fresh = Vec::new();
+    let mut seen = HashMap::new();
     for (key, lock) in locks {
-        match prober.find(key, |t| t.xmin()) {
-            Some(xmin) => {
+        match prober.find(key, once_answer) {
+            Some((xmin, answer)) => {
                 check_visible(Key { scope, key }, xmin);
+                seen.insert(key, answer);
                 lock.release_if_only_read();
             }
             None => fresh.push(key),
+        }
+    }
+    if stats::enabled() {
+        // Each occurrence of a known key gets its record's answer; a new key is claimed by its first
+        // occurrence, and its repeats in the batch are its duplicates.
+        let mut firsts = std::collections::HashSet::with_capacity(fresh.len());
+        for key in keys {
+            match seen.get(key) {
+                Some(&answer) => count_answer(scope, answer),
+                None if firsts.insert(*key) => stats::count(scope, Counter::ClaimedNew),
+                None => stats::count(scope, Counter::AnsweredCompleted),
+            }
         }
     }
     drop(prober);

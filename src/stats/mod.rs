@@ -1,0 +1,128 @@
+//! Cumulative statistics: what the `idem_*` calls answered, per database and scope.
+//!
+//! Counting must not show in a call's cost, so a call only adds to counters of its own backend
+//! ([`count`]); they are published to shared memory ([`shared`]) once per transaction, when it ends
+//! (committed, aborted or prepared: a consumer saw those answers either way). Without the library in
+//! `shared_preload_libraries` there is no shared memory, and nothing is counted.
+//!
+//! The same shared memory keeps what the last maintenance rounds of each database did ([`rounds`]).
+pub mod rounds;
+mod shared;
+
+use crate::gucs;
+use pgrx::pg_sys;
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+
+pub use shared::{init, reset, rows, ScopeRow};
+
+/// One counter of `idempotency.stats` (the column of the same name).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[repr(usize)]
+pub enum Counter {
+    Claims,
+    ClaimedNew,
+    Takeovers,
+    Retries,
+    AnsweredCompleted,
+    AnsweredInProgress,
+    AnsweredFailed,
+    AnsweredMismatch,
+    Poisoned,
+    DeadLettered,
+    StaleRefused,
+    SerializationFailures,
+    LockWaits,
+    /// Microseconds; shown as `lock_wait_ms`.
+    LockWaitMicros,
+    Completes,
+    Fails,
+    Heartbeats,
+}
+
+/// How many counters there are (the length of every counter array).
+pub const COUNTERS: usize = Counter::Heartbeats as usize + 1;
+
+/// A backend's counts not published yet, per scope.
+#[derive(Default)]
+struct Pending {
+    counts: [u64; COUNTERS],
+    /// The scope's slot in shared memory, once looked up (slots never move).
+    slot: Option<usize>,
+}
+
+thread_local! {
+    static PENDING: RefCell<HashMap<String, Pending>> = RefCell::new(HashMap::new());
+    static DIRTY: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Adds `n` to a counter of `scope`, published when the transaction ends.
+pub fn add(scope: &str, counter: Counter, n: u64) {
+    if n == 0 || !shared::attached() || !gucs::stats() {
+        return;
+    }
+    PENDING.with_borrow_mut(|pending| {
+        if let Some(p) = pending.get_mut(scope) {
+            p.counts[counter as usize] += n;
+        } else {
+            let mut p = Pending::default();
+            p.counts[counter as usize] = n;
+            pending.insert(scope.to_owned(), p);
+        }
+    });
+    DIRTY.set(true);
+}
+
+/// Adds 1 to a counter of `scope`.
+pub fn count(scope: &str, counter: Counter) {
+    add(scope, counter, 1);
+}
+
+/// A wait for a key lock of `scope` that lasted `micros`.
+pub fn lock_wait(scope: &str, micros: u64) {
+    count(scope, Counter::LockWaits);
+    add(scope, Counter::LockWaitMicros, micros);
+}
+
+/// Whether counting is on: the library was preloaded and `idempotency.stats` is on.
+pub fn enabled() -> bool {
+    shared::attached() && gucs::stats()
+}
+
+/// Publishes the pending counts. Never raises an ERROR: it runs in the transaction-end callback.
+fn publish() {
+    if !DIRTY.replace(false) {
+        return;
+    }
+    // SAFETY: reads the backend's database oid, set once at connection start.
+    let db = unsafe { pg_sys::MyDatabaseId }.to_u32();
+    PENDING.with_borrow_mut(|pending| {
+        for (scope, p) in pending.iter_mut() {
+            if p.counts.iter().all(|&n| n == 0) {
+                continue;
+            }
+            let slot = *p.slot.get_or_insert_with(|| shared::slot_of(db, scope));
+            shared::add_all(slot, &p.counts);
+            p.counts = [0; COUNTERS];
+        }
+        // A backend that served very many scopes (one per tenant, say) forgets their slots.
+        if pending.len() > 10_000 {
+            pending.clear();
+        }
+    });
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn at_transaction_end(event: pg_sys::XactEvent::Type, _arg: *mut std::ffi::c_void) {
+    use pg_sys::XactEvent::*;
+    if matches!(event, XACT_EVENT_COMMIT | XACT_EVENT_ABORT | XACT_EVENT_PREPARE) {
+        publish();
+    }
+}
+
+/// Process start: publishes the counts at each transaction's end (every backend, preloaded or not;
+/// the callback returns at once when nothing was counted).
+pub fn register_callback() {
+    // SAFETY: registers a static function once per process; it lives as long as the process.
+    unsafe { pg_sys::RegisterXactCallback(Some(at_transaction_end), std::ptr::null_mut()) };
+}

@@ -1,0 +1,389 @@
+//! The shared memory of the statistics: a header, the maintenance state of each database
+//! ([`super::rounds`]) and a fixed table of counter slots, one per (database, scope).
+//!
+//! Sized at server start from `idempotency.stats_max_scopes` (requested in `shmem_request_hook`,
+//! set up in `shmem_startup_hook`, as pg_stat_statements does). The slot table is an open-addressing
+//! hash table without locks: a slot is taken once, by a compare-and-swap of its key, and never
+//! moves or goes away (a reset zeroes its counters), so a backend remembers its slots for life and
+//! publishes with atomic additions. It has twice as many slots as scopes may be counted, so probes
+//! stay short; scopes beyond `stats_max_scopes` share one slot per database (scope NULL).
+//!
+//! The counters survive a clean shutdown: the postmaster writes them to `pg_stat/idempotency.stat`
+//! when it exits, and reads (then removes) that file when it starts. After a crash they start at 0.
+use super::rounds::Round;
+use super::COUNTERS;
+use pgrx::pg_sys;
+use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
+
+/// The longest scope name kept (longer ones are counted under their full name, shown cut).
+const NAME_BYTES: usize = 128;
+/// Databases whose maintenance rounds are remembered.
+pub const MAX_DATABASES: usize = 64;
+const REGION_NAME: &std::ffi::CStr = c"idempotency statistics";
+const DUMP_FILE: &str = "pg_stat/idempotency.stat";
+const DUMP_MAGIC: &[u8; 8] = b"IDEMST01";
+
+#[repr(C)]
+struct Header {
+    /// Slots in the table that follows the header.
+    slots: u32,
+    /// Scopes that may get a slot of their own, and how many have one.
+    max_scopes: u32,
+    scopes: AtomicU32,
+    rounds: [Round; MAX_DATABASES],
+}
+
+#[repr(C)]
+struct Slot {
+    /// 0 while free; else the hash of (database, scope, shared).
+    key: AtomicU64,
+    /// Set once the fields below `key` are written.
+    ready: AtomicU32,
+    db: AtomicU32,
+    /// 1 for the slot shared by the scopes beyond `max_scopes`.
+    shared: AtomicU32,
+    name_len: AtomicU32,
+    name: [AtomicU64; NAME_BYTES / 8],
+    reset_at: AtomicI64,
+    counts: [AtomicU64; COUNTERS],
+}
+
+static mut REGION: *mut Header = std::ptr::null_mut();
+static mut PREV_REQUEST_HOOK: pg_sys::shmem_request_hook_type = None;
+static mut PREV_STARTUP_HOOK: pg_sys::shmem_startup_hook_type = None;
+
+/// Whether this process has the shared memory (the library was preloaded).
+pub fn attached() -> bool {
+    // SAFETY: a pointer set once in the postmaster before any backend forks; read-only after.
+    !unsafe { REGION }.is_null()
+}
+
+fn header() -> &'static Header {
+    // SAFETY: only called when attached(); the region lives as long as the server.
+    unsafe { &*REGION }
+}
+
+fn slot(i: usize) -> &'static Slot {
+    let h = header();
+    assert!(i < h.slots as usize, "slot index in range");
+    // SAFETY: the slots follow the header in the region, `slots` of them; i is in range.
+    unsafe { &*((REGION as *mut u8).add(std::mem::size_of::<Header>()) as *const Slot).add(i) }
+}
+
+/// The maintenance state of database `db`, or None when all places are taken by other databases.
+pub fn round_of(db: u32, create: bool) -> Option<&'static Round> {
+    if !attached() {
+        return None;
+    }
+    header().rounds.iter().find(|r| r.belongs_to(db, create))
+}
+
+fn region_size(max_scopes: usize) -> usize {
+    std::mem::size_of::<Header>() + slot_count(max_scopes) * std::mem::size_of::<Slot>()
+}
+
+fn slot_count(max_scopes: usize) -> usize {
+    2 * max_scopes + MAX_DATABASES
+}
+
+/// `_PG_init` while preloading: asks for the shared memory and hooks its set-up.
+pub fn init() {
+    super::register_callback();
+    // SAFETY: reads a flag PostgreSQL sets while it loads shared_preload_libraries.
+    if !unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
+        return;
+    }
+    // SAFETY: chains our hooks in front of the previous ones, once, in the postmaster.
+    unsafe {
+        PREV_REQUEST_HOOK = pg_sys::shmem_request_hook;
+        pg_sys::shmem_request_hook = Some(request_memory);
+        PREV_STARTUP_HOOK = pg_sys::shmem_startup_hook;
+        pg_sys::shmem_startup_hook = Some(set_up_memory);
+    }
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn request_memory() {
+    if let Some(prev) = PREV_REQUEST_HOOK {
+        prev();
+    }
+    pg_sys::RequestAddinShmemSpace(region_size(crate::gucs::stats_max_scopes()));
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn set_up_memory() {
+    if let Some(prev) = PREV_STARTUP_HOOK {
+        prev();
+    }
+    let max_scopes = crate::gucs::stats_max_scopes();
+    let size = region_size(max_scopes);
+    let init_lock = &raw mut (*pg_sys::MainLWLockArray.add(21)).lock; // AddinShmemInitLock
+    pg_sys::LWLockAcquire(init_lock, pg_sys::LWLockMode::LW_EXCLUSIVE);
+    let mut found = false;
+    let region = pg_sys::ShmemInitStruct(REGION_NAME.as_ptr(), size, &mut found) as *mut Header;
+    if !found {
+        // All zeroes is a valid empty state for every field (atomics, arrays, free slots).
+        std::ptr::write_bytes(region as *mut u8, 0, size);
+        (*region).slots = slot_count(max_scopes) as u32;
+        (*region).max_scopes = max_scopes as u32;
+    }
+    REGION = region;
+    pg_sys::LWLockRelease(init_lock);
+    if !pg_sys::IsUnderPostmaster {
+        if !found {
+            load();
+        }
+        pg_sys::on_shmem_exit(Some(save_at_exit), pg_sys::Datum::from(0));
+    }
+}
+
+fn now() -> i64 {
+    // SAFETY: reads the system clock; no side effects.
+    unsafe { pg_sys::GetCurrentTimestamp() }
+}
+
+fn hash_of(db: u32, scope: &str, shared: bool) -> u64 {
+    let mut h = std::hash::DefaultHasher::new();
+    (db, shared, scope).hash(&mut h);
+    h.finish().max(1)
+}
+
+fn write_name(s: &Slot, name: &[u8]) {
+    let name = &name[..name.len().min(NAME_BYTES)];
+    for (i, word) in s.name.iter().enumerate() {
+        let mut bytes = [0u8; 8];
+        for (j, b) in bytes.iter_mut().enumerate() {
+            *b = name.get(i * 8 + j).copied().unwrap_or(0);
+        }
+        word.store(u64::from_le_bytes(bytes), Ordering::Relaxed);
+    }
+    s.name_len.store(name.len() as u32, Ordering::Relaxed);
+}
+
+fn read_name(s: &Slot) -> String {
+    let mut bytes: Vec<u8> = s.name.iter().flat_map(|w| w.load(Ordering::Relaxed).to_le_bytes()).collect();
+    bytes.truncate(s.name_len.load(Ordering::Relaxed) as usize);
+    // A cut scope may end inside a character.
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// Finds the slot of `key`, taking a free one for it when `take` allows. None when the table has no
+/// free slot left (or `take` refused one).
+fn find_or_take(key: u64, db: u32, scope: &str, shared: bool, take: &dyn Fn() -> bool) -> Option<usize> {
+    let h = header();
+    let n = h.slots as usize;
+    let start = (key % n as u64) as usize;
+    for probe in 0..n {
+        let i = (start + probe) % n;
+        let s = slot(i);
+        let mut current = s.key.load(Ordering::Acquire);
+        if current == 0 {
+            if !take() {
+                return None;
+            }
+            match s.key.compare_exchange(0, key, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => {
+                    s.db.store(db, Ordering::Relaxed);
+                    s.shared.store(shared as u32, Ordering::Relaxed);
+                    write_name(s, scope.as_bytes());
+                    s.reset_at.store(now(), Ordering::Relaxed);
+                    s.ready.store(1, Ordering::Release);
+                    return Some(i);
+                }
+                Err(winner) => {
+                    if !shared {
+                        h.scopes.fetch_sub(1, Ordering::Relaxed);
+                    }
+                    current = winner;
+                }
+            }
+        }
+        if current == key {
+            // Taken by another backend for the same key an instant ago: its fields come next.
+            while s.ready.load(Ordering::Acquire) == 0 {
+                std::hint::spin_loop();
+            }
+            if s.db.load(Ordering::Relaxed) == db && (s.shared.load(Ordering::Relaxed) == 1) == shared {
+                return Some(i);
+            }
+        }
+    }
+    None
+}
+
+/// The slot that counts `scope` of database `db`: its own, or the shared one of the database once
+/// `max_scopes` scopes have one. The shared slots always find room (the table has `MAX_DATABASES`
+/// slots beyond twice `max_scopes`); past that, the last slot (never reached in practice).
+pub fn slot_of(db: u32, scope: &str) -> usize {
+    let h = header();
+    let own = find_or_take(hash_of(db, scope, false), db, scope, false, &|| {
+        if h.scopes.fetch_add(1, Ordering::Relaxed) < h.max_scopes {
+            return true;
+        }
+        h.scopes.fetch_sub(1, Ordering::Relaxed);
+        false
+    });
+    own.or_else(|| find_or_take(hash_of(db, "", true), db, "", true, &|| true)).unwrap_or(h.slots as usize - 1)
+}
+
+/// Adds a backend's counts to a slot.
+pub fn add_all(i: usize, counts: &[u64; COUNTERS]) {
+    let s = slot(i);
+    for (total, &n) in s.counts.iter().zip(counts) {
+        if n != 0 {
+            total.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+}
+
+/// One row of `idempotency.stats`.
+pub struct ScopeRow {
+    /// None for the slot shared by the scopes beyond `idempotency.stats_max_scopes`.
+    pub scope: Option<String>,
+    pub counts: [u64; COUNTERS],
+    pub reset_at: i64,
+}
+
+/// The rows of database `db`, when attached.
+pub fn rows(db: u32) -> Option<Vec<ScopeRow>> {
+    if !attached() {
+        return None;
+    }
+    let mut rows = Vec::new();
+    for i in 0..header().slots as usize {
+        let s = slot(i);
+        if s.ready.load(Ordering::Acquire) == 0 || s.db.load(Ordering::Relaxed) != db {
+            continue;
+        }
+        let shared = s.shared.load(Ordering::Relaxed) == 1;
+        rows.push(ScopeRow {
+            scope: (!shared).then(|| read_name(s)),
+            counts: std::array::from_fn(|c| s.counts[c].load(Ordering::Relaxed)),
+            reset_at: s.reset_at.load(Ordering::Relaxed),
+        });
+    }
+    Some(rows)
+}
+
+/// Zeroes the counters of database `db` (one scope, or all of them with `scope` None, the shared row
+/// included). Returns the time of the reset.
+pub fn reset(db: u32, scope: Option<&str>) -> i64 {
+    let at = now();
+    if !attached() {
+        return at;
+    }
+    for i in 0..header().slots as usize {
+        let s = slot(i);
+        if s.ready.load(Ordering::Acquire) == 0 || s.db.load(Ordering::Relaxed) != db {
+            continue;
+        }
+        let shared = s.shared.load(Ordering::Relaxed) == 1;
+        if scope.is_some_and(|wanted| shared || read_name(s) != wanted) {
+            continue;
+        }
+        for c in &s.counts {
+            c.store(0, Ordering::Relaxed);
+        }
+        s.reset_at.store(at, Ordering::Relaxed);
+    }
+    at
+}
+
+/// Postmaster exit: keeps the counters for the next start, after a clean shutdown only.
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn save_at_exit(code: std::ffi::c_int, _arg: pg_sys::Datum) {
+    if code != 0 || !attached() {
+        return;
+    }
+    if let Err(e) = save() {
+        pgrx::log!("idempotency: could not write {DUMP_FILE}: {e}");
+    }
+}
+
+fn save() -> std::io::Result<()> {
+    let mut out = Vec::new();
+    out.extend_from_slice(DUMP_MAGIC);
+    out.extend_from_slice(&(COUNTERS as u32).to_le_bytes());
+    for i in 0..header().slots as usize {
+        let s = slot(i);
+        if s.ready.load(Ordering::Acquire) == 0 {
+            continue;
+        }
+        let name = read_name(s);
+        out.extend_from_slice(&s.db.load(Ordering::Relaxed).to_le_bytes());
+        out.push(s.shared.load(Ordering::Relaxed) as u8);
+        out.extend_from_slice(&(name.len() as u32).to_le_bytes());
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(&s.reset_at.load(Ordering::Relaxed).to_le_bytes());
+        for c in &s.counts {
+            out.extend_from_slice(&c.load(Ordering::Relaxed).to_le_bytes());
+        }
+    }
+    let tmp = format!("{DUMP_FILE}.tmp");
+    std::fs::write(&tmp, out)?;
+    std::fs::rename(tmp, DUMP_FILE)
+}
+
+/// Server start: takes back the counters of the last clean shutdown, then removes the file (so a
+/// crash later does not bring back stale counts).
+fn load() {
+    let Ok(bytes) = std::fs::read(DUMP_FILE) else {
+        return;
+    };
+    let _ = std::fs::remove_file(DUMP_FILE);
+    if parse(&bytes).is_none() {
+        pgrx::log!("idempotency: ignored {DUMP_FILE}: not a statistics file of this version");
+    }
+}
+
+fn parse(bytes: &[u8]) -> Option<()> {
+    let mut r = Reader(bytes);
+    if r.take(8)? != DUMP_MAGIC {
+        return None;
+    }
+    let stored = r.u32()? as usize;
+    while !r.0.is_empty() {
+        let db = r.u32()?;
+        let shared = r.take(1)?[0] == 1;
+        let len = r.u32()? as usize;
+        let name = std::str::from_utf8(r.take(len)?).ok()?.to_owned();
+        let reset_at = r.u64()? as i64;
+        let mut counts = [0u64; COUNTERS];
+        for i in 0..stored {
+            let n = r.u64()?;
+            if i < COUNTERS {
+                counts[i] = n;
+            }
+        }
+        let i = if shared {
+            find_or_take(hash_of(db, "", true), db, "", true, &|| true)
+        } else {
+            Some(slot_of(db, &name))
+        };
+        if let Some(i) = i {
+            add_all(i, &counts);
+            slot(i).reset_at.store(reset_at, Ordering::Relaxed);
+        }
+    }
+    Some(())
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        if self.0.len() < n {
+            return None;
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Some(head)
+    }
+    fn u32(&mut self) -> Option<u32> {
+        Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
+    }
+    fn u64(&mut self) -> Option<u64> {
+        Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
+    }
+}

@@ -1,0 +1,77 @@
+//! What a DBA does to keys by hand: redrive terminal failures, forget a key. Each takes the key's
+//! lock first, as every writer does, so it never races a claim: a claim waiting for the key then
+//! reads what the DBA left.
+use super::decide::State;
+use super::keylock;
+use super::records::{expect_one, lookup, Key};
+use super::spi::{arg, ts_arg, Conn, Snap, Stmt};
+use crate::errors;
+use pgrx::pg_sys;
+
+const T_TEXT: pg_sys::Oid = pg_sys::TEXTOID;
+const T_TID: pg_sys::Oid = pg_sys::TIDOID;
+const T_TS: pg_sys::Oid = pg_sys::TIMESTAMPTZOID;
+const T_INT: pg_sys::Oid = pg_sys::INT4OID;
+
+// Released, as a retryable failure leaves a key, with its attempts counted from zero again: the next
+// claim takes it at once as attempt 1. The error stays, for the record.
+static REDRIVE: Stmt = Stmt {
+    sql: "UPDATE {partition}
+             SET status = 'pending', token = NULL, attempts = 0, updated_at = clock_timestamp(),
+                 expires_at = clock_timestamp()
+           WHERE ctid = $3 AND scope = $1 AND key = $2",
+    args: &[T_TEXT, T_TEXT, T_TID],
+};
+static FORGET: Stmt = Stmt {
+    sql: "DELETE FROM {partition} WHERE ctid = $3 AND scope = $1 AND key = $2",
+    args: &[T_TEXT, T_TEXT, T_TID],
+};
+// Candidates only: each is checked again under its lock.
+static FAILED_KEYS: Stmt = Stmt {
+    sql: "SELECT key FROM idempotency.records
+           WHERE scope = $1 AND status = 'failed' AND ($2::timestamptz IS NULL OR updated_at >= $2)
+           ORDER BY key LIMIT $3",
+    args: &[T_TEXT, T_TS, T_INT],
+};
+
+/// Makes a failed key claimable again; false when it is not failed. P0002 when it has no record.
+pub fn redrive(k: Key) -> bool {
+    redrive_on(&Conn::open(), k)
+}
+
+fn redrive_on(conn: &Conn, k: Key) -> bool {
+    let lock = keylock::lock_key(k.scope, k.key, true).expect("waited for the lock");
+    let Some(rec) = lookup(conn, k) else {
+        errors::unknown_key(k.scope, k.key)
+    };
+    if !matches!(rec.state, State::Failed { .. }) {
+        lock.release_if_only_read();
+        return false;
+    }
+    let rows = conn.run_on(&REDRIVE, rec.partition, &rec.row_args(k), Snap::Statement);
+    expect_one(&rows, "redrive");
+    true
+}
+
+/// Redrives up to `max_keys` failed keys of a scope (those failed since `since`, when given), in key
+/// order; returns how many. Each key's lock is held until the transaction ends, hence the bound.
+pub fn redrive_scope(scope: &str, since: Option<pg_sys::TimestampTz>, max_keys: i32) -> i64 {
+    let conn = Conn::open();
+    let rows = conn.run(&FAILED_KEYS, &[arg(scope), since.and_then(ts_arg), arg(max_keys)], Snap::Statement);
+    let keys: Vec<String> = (0..rows.len()).filter_map(|i| rows.get(i, 1)).collect();
+    drop(rows);
+    keys.iter().filter(|key| redrive_on(&conn, Key { scope, key: key.as_str() })).count() as i64
+}
+
+/// Removes a key's record, whatever its state; false when it has none.
+pub fn forget(k: Key) -> bool {
+    let conn = Conn::open();
+    let lock = keylock::lock_key(k.scope, k.key, true).expect("waited for the lock");
+    let Some(rec) = lookup(&conn, k) else {
+        lock.release_if_only_read();
+        return false;
+    };
+    let rows = conn.run_on(&FORGET, rec.partition, &rec.row_args(k), Snap::Statement);
+    expect_one(&rows, "forget");
+    true
+}
