@@ -2,7 +2,7 @@
 """The monitoring/ folder against the real exporters: a cluster, a known workload, Debian's
 prometheus-postgres-exporter and prometheus-sql-exporter with monitoring/'s files, a real Prometheus with
 monitoring/prometheus/prometheus.example.yml and the alert rules, and promtool. Started by
-tests/monitoring/run (see README.md there).
+tests/monitoring/run (see monitoring/README.md).
 
 Everything runs on 127.0.0.1, on the range "monitoring" of tests/ports:
     +0 PostgreSQL   +1 prometheus-postgres-exporter   +2 prometheus-sql-exporter   +3 Prometheus
@@ -25,6 +25,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 import urllib.parse
 import urllib.request
 
@@ -54,16 +55,25 @@ SQL_EXPORTER = "prometheus-sql-exporter"
 PROMETHEUS = "prometheus"
 PROMTOOL = "promtool"
 
-# The workload, per scope: n keys claimed and completed, m duplicate claims of them, k retryable
-# failures of which r are claimed again and completed, o idem_once keys (and one idem_once repeat),
-# h heartbeats of the key left in flight. Every scope also gets: one terminal idem_fail, one lease in
-# flight, one expired lease, one takeover followed by a stale completion (55006), one fingerprint
-# mismatch, one claim answered in_progress, one answered failed. Only "orders" gets a lock wait, only
-# "payments" a poisoned key (idempotency.max_attempts).
+# The workload, per scope (each item a count):
+#   n   keys claimed and completed              m   duplicate claims of them (answered completed)
+#   k   keys failed with retryable => true      r   of them claimed again (retries) and completed
+#   o   idem_once keys                          od  idem_once repeats (false)
+#   dl  keys failed with retryable => false     af  claims of them (answered failed)
+#   mm  claims of a fingerprinted key with another fingerprint (answered mismatch)
+#   inf leases left in flight (1 hour)          ip  claims of them (answered in_progress), h heartbeats
+#   x   leases left expired (1 second)          t   expired leases taken over, then completed
+#   s   completions with a taken-over key's old token (refused, 55006)
+#   lw  a claim that waits for another session's key lock (0 or 1)
+#   p   a key poisoned by idempotency.max_attempts (0 or 1)
+# The numbers are chosen so that within a scope every counter (but the ones that stay 0) and every key
+# gauge differs from the others, and each differs between the scopes: a query file that swaps two columns
+# or two scopes cannot pass.
 SCOPES = {
-    "orders": dict(n=5, m=3, k=3, r=1, o=2, h=2, lock_wait=True, poison=False),
-    "payments": dict(n=2, m=1, k=2, r=2, o=1, h=0, lock_wait=False, poison=True),
+    "orders": dict(n=3, m=9, k=12, r=10, o=2, od=2, dl=8, af=4, mm=6, inf=1, ip=5, h=7, x=3, t=2, s=3, lw=1, p=0),
+    "payments": dict(n=2, m=12, k=11, r=11, o=3, od=2, dl=2, af=5, mm=8, inf=2, ip=7, h=9, x=1, t=4, s=5, lw=0, p=1),
 }
+MAINTENANCE_ROUNDS = 3  # idem_maintenance() calls: create_db's and the workload's
 SHORT_TTL = "1 second"
 LOCK_HOLD_S = 0.6
 
@@ -217,16 +227,22 @@ def run_workload(cluster, expect):
     with psycopg.connect(**dsn_kw, autocommit=True) as c:
         w = Workload(c, expect)
         # Short leases first, so that they have expired by the time the rest is done.
-        short = {}
+        old_tokens = {}
         t_short = time.time()
         for scope, p in SCOPES.items():
-            for what in ("expired", "taken") + (("poison",) if p["poison"] else ()):
-                key = f"{scope}-{what}"
-                if what == "poison":
-                    c.execute("SET idempotency.max_attempts = 1")
-                short[(scope, what)] = w.claim(scope, key, "claimed", "new", ttl=SHORT_TTL)
-                if what == "poison":
-                    c.execute("RESET idempotency.max_attempts")
+            for i in range(p["x"]):
+                key = f"{scope}-expired-{i}"
+                w.claim(scope, key, "claimed", "new", ttl=SHORT_TTL)
+                expect.keys[scope][key] = "expired"
+            for i in range(p["t"]):
+                key = f"{scope}-taken-{i}"
+                old_tokens[key] = w.claim(scope, key, "claimed", "new", ttl=SHORT_TTL)
+                expect.keys[scope][key] = "expired"
+            if p["p"]:
+                key = f"{scope}-poison"
+                c.execute("SET idempotency.max_attempts = 1")
+                w.claim(scope, key, "claimed", "new", ttl=SHORT_TTL)
+                c.execute("RESET idempotency.max_attempts")
                 expect.keys[scope][key] = "expired"
         for scope, p in SCOPES.items():
             for i in range(p["n"]):
@@ -242,40 +258,52 @@ def run_workload(cluster, expect):
                 w.complete(scope, key, w.claim(scope, key, "claimed", "retry"))
             for i in range(p["o"]):
                 w.once(scope, f"{scope}-once-{i}", True)
-            w.once(scope, f"{scope}-once-0", False)
-            # one terminal failure, then a claim of it (answered failed)
-            key = f"{scope}-dead"
-            w.fail(scope, key, w.claim(scope, key, "claimed", "new"), retryable=False)
-            w.claim(scope, key, "failed")
-            # a fingerprint mismatch
+            for i in range(p["od"]):
+                w.once(scope, f"{scope}-once-{i % p['o']}", False)
+            for i in range(p["dl"]):
+                key = f"{scope}-dead-{i}"
+                w.fail(scope, key, w.claim(scope, key, "claimed", "new"), retryable=False)
+            for i in range(p["af"]):
+                w.claim(scope, f"{scope}-dead-{i % p['dl']}", "failed")
             key = f"{scope}-fp"
             w.complete(scope, key, w.claim(scope, key, "claimed", "new", fingerprint="fp-a"))
-            w.claim(scope, key, "mismatch", fingerprint="fp-b")
-            # the lease left in flight (an hour), its heartbeats, and a claim of it (answered in_progress)
-            key = f"{scope}-inflight"
-            t0 = time.time()
-            token = w.claim(scope, key, "claimed", "new", ttl="1 hour")
-            expect.inflight_claimed[scope] = (t0, time.time())
-            expect.keys[scope][key] = "inflight"
-            for _ in range(p["h"]):
-                c.execute("SELECT idem_heartbeat(%s, ttl => '1 hour', scope => %s, token => %s)", (key, scope, token))
+            for i in range(p["mm"]):
+                w.claim(scope, key, "mismatch", fingerprint=f"fp-other-{i}")
+            tokens = []
+            for i in range(p["inf"]):
+                key = f"{scope}-inflight-{i}"
+                t0 = time.time()
+                tokens.append(w.claim(scope, key, "claimed", "new", ttl="1 hour"))
+                if i == 0:
+                    expect.inflight_claimed[scope] = (t0, time.time())
+                expect.keys[scope][key] = "inflight"
+            for i in range(p["h"]):
+                j = i % p["inf"]
+                c.execute("SELECT idem_heartbeat(%s, ttl => '1 hour', scope => %s, token => %s)",
+                          (f"{scope}-inflight-{j}", scope, tokens[j]))
                 expect.counters[scope]["heartbeats"] += 1
-            w.claim(scope, key, "in_progress")
-            if p["lock_wait"]:
+            for i in range(p["ip"]):
+                w.claim(scope, f"{scope}-inflight-{i % p['inf']}", "in_progress")
+            if p["lw"]:
                 w.lock_wait(scope, dsn_kw)
         # The short leases have expired now.
         time.sleep(max(0.0, t_short + 1.5 - time.time()))
         for scope, p in SCOPES.items():
-            # a takeover, then the old holder's completion refused (55006), then the new holder's
-            key = f"{scope}-taken"
-            new_token = w.claim(scope, key, "claimed", "takeover")
-            try:
-                c.execute("SELECT idem_complete(%s, NULL, scope => %s, token => %s)", (key, scope, short[(scope, "taken")]))
-                CHECKS.check(False, "workload: the stale completion raised 55006", "it succeeded")
-            except psycopg.errors.ObjectInUse:
-                expect.counters[scope]["stale_refused"] += 1
-            w.complete(scope, key, new_token)
-            if p["poison"]:
+            # takeovers, the old holders' completions refused (55006), the new holders' completions
+            new_tokens = {}
+            for i in range(p["t"]):
+                key = f"{scope}-taken-{i}"
+                new_tokens[key] = w.claim(scope, key, "claimed", "takeover")
+            for i in range(p["s"]):
+                key = f"{scope}-taken-{i % p['t']}"
+                try:
+                    c.execute("SELECT idem_complete(%s, NULL, scope => %s, token => %s)", (key, scope, old_tokens[key]))
+                    CHECKS.check(False, f"workload: a completion of {key} with its old token raised 55006", "it succeeded")
+                except psycopg.errors.ObjectInUse:
+                    expect.counters[scope]["stale_refused"] += 1
+            for key, token in new_tokens.items():
+                w.complete(scope, key, token)
+            if p["p"]:
                 # a second claim of a key that had max_attempts (1) claims: terminal (poisoned)
                 c.execute("SET idempotency.max_attempts = 1")
                 t0 = time.time()
@@ -285,8 +313,24 @@ def run_workload(cluster, expect):
                 expect.counters[scope]["poisoned"] += 1
                 expect.counters[scope]["dead_lettered"] += 1
                 expect.keys[scope][f"{scope}-poison"] = "failed"
-        w.maintenance()
+        while expect.rounds < MAINTENANCE_ROUNDS:
+            w.maintenance()
     expect.workload_end = time.time()
+
+
+def check_workload_design(expect):
+    """The workload's numbers tell the columns and the scopes apart (see SCOPES)."""
+    for scope in SCOPES:
+        nonzero = [v for v in expect.counters[scope].values() if v]
+        CHECKS.check(len(nonzero) == len(set(nonzero)), f"workload design: the counters of {scope} differ",
+                     repr(expect.counters[scope]))
+        states = list(expect.keys[scope].values())
+        gauges = [len(states)] + [states.count(st) for st in ("completed", "inflight", "expired", "released", "failed")]
+        CHECKS.check(len(gauges) == len(set(gauges)), f"workload design: the key gauges of {scope} differ", repr(gauges))
+    for name in PER_SCOPE_COUNTERS:
+        vals = [expect.counters[scope][name] for scope in SCOPES]
+        CHECKS.check(len(set(vals)) == len(vals) or name == "serialization_failures",
+                     f"workload design: {name} differs between the scopes", repr(vals))
 
 
 def expected_series(expect, catalog, window):
@@ -711,6 +755,7 @@ def main():
             c.execute(f"GRANT pg_monitor TO {ROLE}")
         log("workload")
         run_workload(cluster, expect)
+        check_workload_design(expect)
         catalog = read_catalog(cluster)
         log(f"catalog: {catalog}; exporters on {PGX_PORT}, {SQLX_PORT}")
         t_started = time.time()
@@ -720,10 +765,10 @@ def main():
         check_prometheus(expect, catalog, t_started)
         log("promtool")
         promtool()
-    except Exception as e:  # a failure of the harness itself counts as a failed check
+    except (Exception, KeyboardInterrupt, SystemExit) as e:  # the harness failed, or was stopped: a failure
         CHECKS.check(False, "the run", f"{type(e).__name__}: {e}")
-        import traceback
-        traceback.print_exc()
+        if isinstance(e, Exception):
+            traceback.print_exc()
     finally:
         stop_all()
         cluster.stop()
