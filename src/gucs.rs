@@ -225,9 +225,13 @@ pub fn init() {
         &DROP_LOCK_TIMEOUT,
         &MAX_BATCH_KEYS,
         &FILTER_MEMORY,
-        &STATS_MAX_SCOPES,
     ] {
         setting.register();
+    }
+    // A setting that sizes shared memory can only be defined while the library is preloaded.
+    // SAFETY: reads a flag PostgreSQL sets while it loads shared_preload_libraries.
+    if unsafe { pgrx::pg_sys::process_shared_preload_libraries_in_progress } {
+        STATS_MAX_SCOPES.register();
     }
     GucRegistry::define_bool_guc(
         c"idempotency.stats",

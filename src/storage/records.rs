@@ -329,9 +329,15 @@ fn count_answer(scope: &str, outcome: Outcome) {
 }
 
 pub fn claim(k: Key, ttl: Interval, fingerprint: Option<&str>, wait: bool) -> Claim {
+    let claim = claim_one(k, ttl, fingerprint, wait);
+    // Counted once answered (a claim that raised an ERROR answered nothing).
+    stats::count(k.scope, Counter::Claims);
+    claim
+}
+
+fn claim_one(k: Key, ttl: Interval, fingerprint: Option<&str>, wait: bool) -> Claim {
     let conn = Conn::open();
     partitions::ensure_covered(&conn, xact::start_time());
-    stats::count(k.scope, Counter::Claims);
     let Some(lock) = keylock::lock_key(k.scope, k.key, wait) else {
         // Another open transaction holds the key: report what is settled, never write.
         return match lookup(&conn, k) {
@@ -419,7 +425,6 @@ fn claim_existing(
 pub fn claim_batch(scope: &str, keys: &[&str], ttl: Interval) -> Vec<Claim> {
     let conn = Conn::open();
     partitions::ensure_covered(&conn, xact::start_time());
-    stats::add(scope, Counter::Claims, keys.len() as u64);
     let locks = lock_all(scope, keys);
     let distinct: Vec<&str> = locks.iter().map(|(key, _)| *key).collect();
     let mut found = lookup_many(&conn, scope, &distinct);
@@ -445,6 +450,7 @@ pub fn claim_batch(scope: &str, keys: &[&str], ttl: Interval) -> Vec<Claim> {
             answers.insert(key, claim_existing(&conn, Key { scope, key }, rec, ttl, None, Some(lock)));
         }
     }
+    stats::add(scope, Counter::Claims, keys.len() as u64);
     let mut seen = std::collections::HashSet::with_capacity(distinct.len());
     keys.iter()
         .map(|key| {
@@ -535,10 +541,10 @@ fn once_answer(t: &Tuple) -> (pg_sys::TransactionId, Outcome) {
 pub fn once(k: Key) -> bool {
     let conn = Conn::open();
     partitions::ensure_covered(&conn, xact::start_time());
-    stats::count(k.scope, Counter::Claims);
     let lock = keylock::lock_key(k.scope, k.key, true).expect("waited for the lock");
     if let Some((xmin, seen)) = Prober::open(k.scope).find(k.key, once_answer) {
         check_visible(k, xmin);
+        stats::count(k.scope, Counter::Claims);
         count_answer(k.scope, seen);
         lock.release_if_only_read();
         return false;
@@ -546,6 +552,7 @@ pub fn once(k: Key) -> bool {
     let (partition, created_at) = new_rows_go(&conn);
     let [scope, key] = k.args();
     conn.run_on(&INSERT_ONCE, partition, &[scope, key, created_at], Snap::Statement);
+    stats::count(k.scope, Counter::Claims);
     stats::count(k.scope, Counter::ClaimedNew);
     true
 }
@@ -575,7 +582,6 @@ pub fn complete_batch(
 pub fn once_batch(scope: &str, keys: &[&str]) -> Vec<String> {
     let conn = Conn::open();
     partitions::ensure_covered(&conn, xact::start_time());
-    stats::add(scope, Counter::Claims, keys.len() as u64);
     let locks = lock_all(scope, keys);
     // Opened after the locks: its snapshot must see what their previous holders committed.
     let mut prober = Prober::open(scope);
@@ -591,7 +597,13 @@ pub fn once_batch(scope: &str, keys: &[&str]) -> Vec<String> {
             None => fresh.push(key),
         }
     }
+    drop(prober);
+    if !fresh.is_empty() {
+        let (partition, created_at) = new_rows_go(&conn);
+        conn.run_on(&INSERT_ONCES, partition, &[arg(scope), arg(fresh.clone()), created_at], Snap::Statement);
+    }
     if stats::enabled() {
+        stats::add(scope, Counter::Claims, keys.len() as u64);
         // Each occurrence of a known key gets its record's answer; a new key is claimed by its first
         // occurrence, and its repeats in the batch are its duplicates.
         let mut firsts = std::collections::HashSet::with_capacity(fresh.len());
@@ -602,11 +614,6 @@ pub fn once_batch(scope: &str, keys: &[&str]) -> Vec<String> {
                 None => stats::count(scope, Counter::AnsweredCompleted),
             }
         }
-    }
-    drop(prober);
-    if !fresh.is_empty() {
-        let (partition, created_at) = new_rows_go(&conn);
-        conn.run_on(&INSERT_ONCES, partition, &[arg(scope), arg(fresh.clone()), created_at], Snap::Statement);
     }
     let fresh: std::collections::HashSet<&str> = fresh.into_iter().collect();
     let mut emitted = std::collections::HashSet::with_capacity(fresh.len());

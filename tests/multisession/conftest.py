@@ -17,10 +17,14 @@ PGDATA = os.environ.get("IDEM_TEST_PGDATA", f"/tmp/idem-data-{PORT}")
 DBNAME = "idem_multisession"
 
 # Extra postgresql.conf lines. None of them changes what the extension promises:
-# a short deadlock_timeout only makes the deadlock retries of the races cheap.
+# a short deadlock_timeout only makes the deadlock retries of the races cheap. The library is
+# preloaded, as in production, so that every test also runs with the statistics counting
+# (test_stats.py checks them); its worker maintains only the database "postgres", which has no
+# extension here.
 SERVER_CONF = [
     "deadlock_timeout = 100ms",
     "synchronous_commit = off",
+    "shared_preload_libraries = 'idempotency'",
 ]
 
 # Business tables of the tests. No unique constraints on purpose: a duplicate side effect must be

@@ -310,6 +310,13 @@ def test_standby_reads_what_the_primary_committed(pair):
         assert one(s, "SELECT idem_next_offset('seed-group', 'orders', 9)") is None
         assert offsets(s, "no-such-group") == []
 
+        # The health snapshot and the dead letters are the primary's (computed from the replayed rows).
+        health = "SELECT scope, retained_keys, completed_keys, in_flight, dead_letters, partitions FROM idem_metrics()"
+        assert s.execute(health).fetchall() == p.execute(health).fetchall()
+        letters = "SELECT scope, key, error, attempts FROM idempotency.dead_letters ORDER BY 1, 2"
+        assert s.execute(letters).fetchall() == p.execute(letters).fetchall() != []
+        assert one(s, "SELECT enabled FROM idem_stats()") in (True, False)
+
         # Every view of the storage schema answers on the standby, with the primary's columns;
         # the partitions (names and ranges) are the primary's.
         views = [r[0] for r in p.execute("SELECT c.relname FROM pg_class c JOIN pg_namespace n "
@@ -353,12 +360,19 @@ def writing_calls(pair):
         ("idempotency.premake_partitions", "SELECT idempotency.premake_partitions(now() + interval '60 days')"),
         ("idempotency.seal_partition", "SELECT idempotency.seal_partition("
                                        "(SELECT partition::oid FROM idempotency.partitions ORDER BY range_from LIMIT 1))"),
+        ("idem_redrive", f"SELECT idem_redrive('failed', scope => '{SCOPE}')"),
+        ("idem_redrive_scope", f"SELECT idem_redrive_scope('{SCOPE}')"),
+        ("idem_forget", f"SELECT idem_forget('done', scope => '{SCOPE}')"),
     ]
 
 
 # The reading functions, which work on a standby (test_standby_reads_what_the_primary_committed), and the
 # pure key and fingerprint helpers.
-READING = {"idem_status", "idem_offsets", "idem_next_offset", "idem_key", "idem_fingerprint"}
+READING = {"idem_status", "idem_offsets", "idem_next_offset", "idem_key", "idem_fingerprint", "idem_metrics"}
+# The statistics are each server's own shared memory: they work on a standby too, where they count
+# nothing (it writes nothing) and their reset touches only the standby's.
+STATISTICS = {"idem_stats", "idem_stats_reset", "idempotency.scope_stats", "idempotency.stats_totals",
+              "idempotency.maintenance_state"}
 # Writes nothing: maintenance's helper that takes a seal's SHARE lock (the seal itself, seal_partition, is a
 # writing function above).
 LOCKING = {"idempotency.seal_lock"}
@@ -441,7 +455,7 @@ def test_standby_refuses_every_writing_function(pair):
         assert before_s["keys"] == before_p["keys"] and before_s["offsets"] == before_p["offsets"]
         # Every function of the extension is covered here or by the reading test: a new one must
         # be added to one of the lists.
-        covered = READING | LOCKING | CITUS | {n for n, _ in writing_calls(pair)} | {n for n, _ in helper_calls(s)}
+        covered = READING | STATISTICS | LOCKING | CITUS | {n for n, _ in writing_calls(pair)} | {n for n, _ in helper_calls(s)}
         assert extension_functions(s) == covered
         problems = []
         for name, sql in writing_calls(pair):

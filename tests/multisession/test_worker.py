@@ -181,6 +181,40 @@ def test_pg_partman_handover(db):
     reload(db, "idempotency.partition_manager", "builtin")
 
 
+def metrics(conn):
+    """The database-wide columns of idem_metrics() (the same on every row)."""
+    row = conn.execute("SELECT rounds, failed_rounds, last_round_at, last_error, last_error_at, worker_running, "
+                       "last_round_duration FROM idem_metrics() LIMIT 1").fetchone()
+    return dict(zip(("rounds", "failed_rounds", "last_round_at", "last_error", "last_error_at", "worker_running",
+                     "last_round_duration"), row))
+
+
+def test_rounds_and_their_failures_are_reported(db):
+    first = metrics(db)
+    assert first["worker_running"] is True
+    wait_for("two more rounds reported", lambda: metrics(db)["rounds"] >= first["rounds"] + 2)
+    m = metrics(db)
+    assert m["last_round_at"] > first["last_round_at"] and m["last_round_duration"] is not None
+    # A round that fails: a manual one stuck behind a lock until its statement_timeout.
+    failed_before = m["failed_rounds"]
+    with connect() as blocker, connect() as manual:
+        blocker.execute("BEGIN")
+        blocker.execute("LOCK TABLE idempotency.records IN ACCESS EXCLUSIVE MODE")
+        manual.execute("SET statement_timeout = '300ms'")
+        try:
+            manual.execute("SELECT idem_maintenance()")
+            raise AssertionError("the round ran through an exclusive lock")
+        except psycopg.errors.QueryCanceled:
+            pass
+        blocker.execute("COMMIT")
+    m = metrics(db)
+    assert m["failed_rounds"] == failed_before + 1
+    assert "statement timeout" in m["last_error"] and m["last_error_at"] is not None
+    # The worker goes on: later rounds succeed, the error stays until the next one.
+    wait_for("a round after the failure", lambda: metrics(db)["last_round_at"] > m["last_error_at"])
+    assert metrics(db)["failed_rounds"] == failed_before + 1
+
+
 def test_worker_restarts_after_kill_9_and_stops_on_sigterm(db):
     pid = launcher_pid(db)
     assert pid
@@ -204,3 +238,28 @@ def test_worker_restarts_after_kill_9_and_stops_on_sigterm(db):
     with connect() as c:
         # A clean stop, not a crash: no crash recovery, the same postmaster.
         assert one(c, "SELECT pg_postmaster_start_time()") == start
+
+
+def test_statistics_survive_a_clean_restart_not_a_crash(db):
+    def counted():
+        with connect() as c:
+            return dict(c.execute("SELECT scope, claims FROM idempotency.stats").fetchall())
+
+    with connect() as c:
+        for i in range(3):
+            c.execute("SELECT idem_once(%s, scope => 'kept')", (f"k{i}",))
+    before = counted()
+    assert before.get("kept") == 3
+    SERVER.stop("fast")
+    SERVER.start()
+    assert counted() == before, "a clean restart lost the counters"
+    victim = connect()
+    os.kill(one(victim, "SELECT pg_backend_pid()"), signal.SIGKILL)  # the postmaster resets shared memory
+
+    def back():
+        try:
+            return counted() is not None
+        except psycopg.OperationalError:
+            return False
+    wait_for("the server back after the crash", back, timeout=60)
+    assert counted().get("kept", 0) == 0, "counters came back after a crash"

@@ -16,7 +16,9 @@ MODES = ("1tx", "2tx")
 
 
 def run(install, opts, result):
-    cluster = Cluster(install, PORT, conf=["synchronous_commit = off", "max_locks_per_transaction = 256"])
+    # Preloaded, so that the statistics count, and are checked against what the consumers saw.
+    cluster = Cluster(install, PORT, conf=["synchronous_commit = off", "max_locks_per_transaction = 256",
+                                           "shared_preload_libraries = 'idempotency'"])
     cluster.start()
     try:
         cluster.create_db(DB)
@@ -35,7 +37,7 @@ def run(install, opts, result):
                 r.run()
                 took = time.monotonic() - t0
                 with cluster.connect(DB) as c:
-                    violations = r.violations + r.check(c)
+                    violations = r.violations + r.check(c) + r.check_statistics(c)
                 figs = r.figures()
                 for k, v in figs.items():
                     totals[k] = totals.get(k, 0) + v

@@ -24,6 +24,28 @@ from harness import Cluster, log, port
 PORT = port(3)
 DB = "privs"
 CONSUMER, OUTSIDER, ATTACKER = "priv_consumer", "priv_outsider", "priv_attacker"
+ADMIN, MONITOR = "priv_admin", "priv_monitor"
+
+# What monitoring reads: pg_monitor and idempotency_admin, nobody else.
+OBSERVE = [
+    "SELECT * FROM idempotency.stats",
+    "SELECT * FROM idempotency.in_flight",
+    "SELECT * FROM idempotency.dead_letters",
+    "SELECT * FROM idempotency.partitions",
+    "SELECT * FROM idem_stats()",
+    "SELECT * FROM idem_metrics()",
+]
+# What only idempotency_admin may do.
+STEER = [
+    "SELECT idem_stats_reset('consumer')",
+    "SELECT idem_redrive('b3', scope => 'consumer')",
+    "SELECT idem_redrive_scope('consumer')",
+    "SELECT idem_forget('k2', scope => 'consumer')",
+]
+# The only privileges on the storage schema besides the owner's: reading the views, and the schema's
+# USAGE that reaching them needs.
+VIEW_READERS = {(f"idempotency.{v}", r, "SELECT") for v in ("stats", "in_flight", "dead_letters", "partitions")
+                for r in ("pg_monitor", "idempotency_admin")}
 
 CONSUMER_FUNCTIONS = {
     "idem_claim(text,interval,text,text,boolean)", "idem_complete(text,jsonb,text,bigint)",
@@ -91,6 +113,15 @@ DENIED = [
     "SELECT idempotency.premake_partitions(now())",
     "SELECT idempotency.drop_partition('idempotency.{partition}', 1)",
     "SELECT idem_partman_handover()",
+    "SELECT * FROM idempotency.stats",
+    "SELECT * FROM idempotency.in_flight",
+    "SELECT * FROM idempotency.dead_letters",
+    "SELECT * FROM idem_stats()",
+    "SELECT * FROM idem_metrics()",
+    "SELECT idem_stats_reset()",
+    "SELECT idem_redrive('k1', scope => 'consumer')",
+    "SELECT idem_redrive_scope('consumer')",
+    "SELECT idem_forget('k1', scope => 'consumer')",
     "LOAD 'idempotency'",
     "ALTER EXTENSION idempotency UPDATE",
     "DROP EXTENSION idempotency",
@@ -174,7 +205,7 @@ CREATE OPERATOR evil.>= (LEFTARG = interval, RIGHTARG = interval, FUNCTION = evi
 def run(install, opts, result):
     cluster = Cluster(install, PORT)
     cluster.start()
-    checks = {"api ok": 0, "denied": 0, "shadows": 0, "catalog": 0}
+    checks = {"api ok": 0, "denied": 0, "shadows": 0, "catalog": 0, "observe ok": 0}
     try:
         cluster.create_db(DB)
         with cluster.connect(DB) as su:
@@ -189,11 +220,13 @@ def run(install, opts, result):
         _catalog(cluster, result, checks)
         _consumer(cluster, result, checks, partition)
         _outsider(cluster, result, checks, partition)
+        _admin_and_monitor(cluster, result, checks)
         _search_path(cluster, result, checks)
         result.figures.update({
             "consumer API calls that worked (consumer role)": checks["api ok"],
             "direct accesses denied with 42501 (consumer and outsider)": checks["denied"],
             "catalog checks": checks["catalog"],
+            "monitoring reads and admin calls that worked (pg_monitor, idempotency_admin)": checks["observe ok"],
             "shadowing functions, aggregates and operators planted": checks["shadows"],
             "calls under the malicious search_path": checks.get("hostile calls", 0),
             "shadow objects executed by the extension": checks.get("hijacks", 0),
@@ -203,6 +236,29 @@ def run(install, opts, result):
             f"{checks.get('hijacks', 0)} executed")
     finally:
         cluster.stop()
+
+
+def _admin_and_monitor(cluster, result, checks):
+    """pg_monitor reads and cannot steer; idempotency_admin reads and steers; neither consumes."""
+    with cluster.connect(DB) as su:
+        su.execute(f"CREATE ROLE {ADMIN} LOGIN IN ROLE idempotency_admin")
+        su.execute(f"CREATE ROLE {MONITOR} LOGIN IN ROLE pg_monitor")
+    with cluster.connect(DB, user=MONITOR) as c:
+        for sql in OBSERVE:
+            _expect(c, sql, "ok", result, "monitor", checks, "observe ok")
+        for sql in STEER + ["SELECT idem_once('m', scope => 'monitor')"]:
+            _expect(c, sql, "42501", result, "monitor", checks, "denied")
+    with cluster.connect(DB, user=ADMIN) as c:
+        for sql in OBSERVE + STEER:
+            _expect(c, sql, "ok", result, "admin", checks, "observe ok")
+        _expect(c, "SELECT idem_once('a', scope => 'admin')", "42501", result, "admin", checks, "denied")
+        # For real, not rolled back: the dead letter b3 (failed by the consumer API run) is redriven.
+        if c.execute("SELECT idem_redrive('b3', scope => 'consumer')").fetchone()[0] is not True:
+            result.violation("admin: idem_redrive('b3') did not redrive the consumer's failed key")
+        state = c.execute("SELECT state, attempts FROM idempotency.in_flight WHERE scope = 'consumer' AND key = 'b3'"
+                          ).fetchone()
+        if state != ("released", 0):
+            result.violation(f"admin: after idem_redrive, b3 in idempotency.in_flight is {state}, expected released/0")
 
 
 def _expect(conn, sql, code, result, what, checks=None, key=None):
@@ -247,20 +303,23 @@ def _catalog(cluster, result, checks):
         # The consumer functions are not SECURITY DEFINER (they switch to the owner inside, see
         # storage::spi::Conn); that they work without any privilege on the storage is the API
         # check above, and that no caller's schema shadows their SQL is _search_path below.
-        # Nobody but the owner holds a privilege on the storage.
+        # Nobody but the owner holds a privilege on the storage, except reading the views (VIEW_READERS).
         acl = su.execute("""
             SELECT c.oid::regclass::text, a.grantee::regrole::text, a.privilege_type
               FROM pg_class c CROSS JOIN LATERAL aclexplode(coalesce(c.relacl, acldefault('r', c.relowner))) a
              WHERE c.relnamespace = 'idempotency'::regnamespace AND a.grantee <> c.relowner""").fetchall()
         checks["catalog"] += 1
-        for rel, grantee, priv in acl:
-            result.violation(f"catalog: {grantee} holds {priv} on {rel}")
+        if set(acl) != VIEW_READERS:
+            result.violation(f"catalog: privileges on the storage other than reading the views: "
+                             f"{sorted(set(acl) ^ VIEW_READERS)}")
         nsp = su.execute("""SELECT a.grantee, a.privilege_type FROM pg_namespace n
                              CROSS JOIN LATERAL aclexplode(coalesce(n.nspacl, acldefault('n', n.nspowner))) a
                              WHERE n.nspname = 'idempotency' AND a.grantee <> n.nspowner""").fetchall()
         checks["catalog"] += 1
+        readers = {r[0] for r in su.execute("SELECT oid FROM pg_roles WHERE rolname IN ('pg_monitor', 'idempotency_admin')")}
         for grantee, priv in nsp:
-            result.violation(f"catalog: role {grantee} holds {priv} on schema idempotency")
+            if (grantee, priv) not in {(r, "USAGE") for r in readers}:
+                result.violation(f"catalog: role {grantee} holds {priv} on schema idempotency")
 
 
 def _consumer(cluster, result, checks, partition):

@@ -23,6 +23,7 @@ idem_complete(token); idem_record_offset; COMMIT. A holder whose lease was taken
 Transactions abort at random points after the claim (the consumer then handles the delivery again);
 40001 and 40P01 are retried from BEGIN as a client would.
 """
+import collections
 import json
 import threading
 import time
@@ -157,6 +158,10 @@ class Run:
         self.rng = rng
         self.result = result
         self.counters = Counter()
+        # Every answer and every completion the consumers got, committed or not: what the extension's
+        # statistics (idempotency.stats) must add up to.
+        self.answers = collections.Counter()
+        self.alock = threading.Lock()
         self.clog = ClientLog()
         self.stop = stop or threading.Event()
         self.fatal = []
@@ -169,6 +174,31 @@ class Run:
     def violation(self, text):
         with self.vlock:
             self.violations.append(text)
+
+    def saw(self, what):
+        with self.alock:
+            self.answers[what] += 1
+
+    def saw_claim(self, outcome, attempts):
+        self.saw(f"answered {outcome}")
+        if outcome == "claimed":
+            self.saw("claimed first" if attempts == 1 else "claimed again")
+
+    def check_statistics(self, conn):
+        """The counters of idempotency.stats for this run's scope against what its consumers saw."""
+        row = conn.execute("SELECT claims, claimed_new, takeovers + retries, answered_completed, answered_in_progress, "
+                           "answered_failed + answered_mismatch, completes, heartbeats, stale_refused "
+                           "FROM idempotency.stats WHERE scope = %s", (self.scope,)).fetchone()
+        a = self.answers
+        want = (sum(v for k, v in a.items() if k.startswith("answered ")), a["claimed first"], a["claimed again"],
+                a["answered completed"], a["answered in_progress"], 0, a["completes"], a["heartbeats"],
+                self.counters.get("stale 55006") or 0)
+        if row != want:
+            names = ("claims", "claimed_new", "takeovers+retries", "answered_completed", "answered_in_progress",
+                     "answered_failed+mismatch", "completes", "heartbeats", "stale_refused")
+            return [f"idempotency.stats of {self.scope}: {dict(zip(names, row or ()))}, the consumers saw "
+                    f"{dict(zip(names, want))}"]
+        return []
 
     def connect(self, timeout_ms=120000):
         conn = self.cluster.connect(self.dbname, timeout_ms=timeout_ms)
@@ -538,6 +568,7 @@ class Consumer(threading.Thread):
                 self._begin()
                 outcome, token, attempts = self._sql(
                     "SELECT outcome, token, attempts FROM idem_claim(%s, scope => %s)", (e.key, self.run_.scope)).fetchone()
+                self.run_.saw_claim(outcome, attempts)
                 applied = False
                 if outcome == "claimed":
                     self._maybe_abort("after claim")
@@ -546,6 +577,7 @@ class Consumer(threading.Thread):
                     self._maybe_abort("after business write")
                     self._sql("SELECT idem_complete(%s, %s::jsonb, scope => %s)",
                               (e.key, self._payload(e, token), self.run_.scope))
+                    self.run_.saw("completes")
                     self._maybe_abort("after complete")
                     applied = True
                 elif outcome == "completed":
@@ -595,6 +627,7 @@ class Consumer(threading.Thread):
                 outcome, token, attempts = self._sql(
                     "SELECT outcome, token, attempts FROM idem_claim(%s, ttl => %s::interval, scope => %s)",
                     (e.key, f"{self.s.lease_ms} milliseconds", self.run_.scope)).fetchone()
+                self.run_.saw_claim(outcome, attempts)
                 if outcome == "claimed" and self.rng.random() < self.s.abort_rate / 4:
                     self.C.add("aborts")
                     self._rollback()
@@ -661,6 +694,7 @@ class Consumer(threading.Thread):
                     try:
                         self._sql("SELECT idem_heartbeat(%s, ttl => %s::interval, scope => %s, token => %s)",
                                   (e.key, f"{self.s.lease_ms} milliseconds", self.run_.scope, token))
+                        self.run_.saw("heartbeats")
                         self.C.add("heartbeats")
                     except psycopg.Error as ex:
                         if is_connection_error(ex, self.conn):
@@ -684,6 +718,7 @@ class Consumer(threading.Thread):
                 self._maybe_abort("after business write")
                 self._sql("SELECT idem_complete(%s, %s::jsonb, scope => %s, token => %s)",
                           (e.key, self._payload(e, token), self.run_.scope, token))
+                self.run_.saw("completes")
                 self._maybe_abort("after complete")
                 self._record_offset(e)
                 self._maybe_abort("before commit")

@@ -262,6 +262,24 @@ def partition_indexes(c):
     return {k: sorted(v) for k, v in out.items()}, problems
 
 
+def check_observe(ck, c):
+    """The health snapshot and the views of 0.4.0 read the records an old version wrote: per scope, the
+    same counts as a direct count of the rows."""
+    direct = c.execute("""
+        SELECT scope, count(*), count(*) FILTER (WHERE status = 'completed'),
+               count(*) FILTER (WHERE status = 'pending'), count(*) FILTER (WHERE status = 'failed')
+          FROM idempotency.records GROUP BY scope ORDER BY scope""").fetchall()
+    metrics = c.execute("SELECT scope, retained_keys, completed_keys, in_flight + expired_leases + awaiting_retry, "
+                        "dead_letters FROM idem_metrics() ORDER BY scope").fetchall()
+    views = c.execute("SELECT (SELECT count(*) FROM idempotency.in_flight), "
+                      "(SELECT count(*) FROM idempotency.dead_letters)").fetchone()
+    ck.check(f"idem_metrics() counts the old records of each of {len(direct)} scopes; the in_flight and "
+             "dead_letters views list the old pending and failed keys",
+             metrics == direct and views == (sum(r[3] for r in direct), sum(r[4] for r in direct))
+             and views[0] > 0 and views[1] > 0,
+             {"direct": direct, "idem_metrics": metrics, "views": views})
+
+
 def check_indexes(ck, c, fresh):
     parts, problems = partition_indexes(c)
     want = sorted(["CREATE INDEX <partition>_expires_at_idx ON idempotency.<partition> USING btree (expires_at)",
@@ -596,6 +614,8 @@ def run_one(ck, old_version, old_dir, new_version, new_files):
             ck.attempt(f"catalog comparison of {db}", check_catalog, ck, cluster, db, fresh_lines, old_version, new_version)
         with cluster.connect(DATA) as c, cluster.connect(FRESH) as f:
             ck.attempt("data check", check_data, ck, c, before)
+            if tuple(map(int, new_version.split("."))) >= (0, 4, 0):
+                ck.attempt("observability check", check_observe, ck, c)
             ck.attempt("index check", check_indexes, ck, c, f)
             ck.attempt("claim check", check_claims, ck, c, before)
             ck.attempt("idem_once check", check_once, ck, c, before)
