@@ -45,6 +45,9 @@ log() { printf '==> %s\n' "$*" >&2; }
 TEST_DEB_PACKAGES=(postgresql-15 postgresql-server-dev-15 postgresql-15-partman libclang-dev clang pkg-config sudo
                    python3-venv)
 BENCH_DEB_PACKAGES=(redis-server)
+# What tests/monitoring/run needs (scripts/install-monitoring-deps installs them with their services stopped
+# and disabled): promtool, and the two exporters monitoring/ has configurations for.
+MONITORING_DEB_PACKAGES=(prometheus prometheus-postgres-exporter prometheus-sql-exporter)
 # missing_debs PKG...: the packages of the list that are not installed, one per line.
 missing_debs() { local p; for p in "$@"; do dpkg -s "$p" >/dev/null 2>&1 || echo "$p"; done; }
 
