@@ -332,6 +332,8 @@ pub fn seal_partition(partition: pg_sys::Oid) -> bool {
         crate::errors::invalid("the schema predates sealed partitions: run ALTER EXTENSION idempotency UPDATE".into());
     }
     let conn = Conn::open();
+    // Claims this transaction remembers get their rows first: the seal must see every key.
+    super::deferred::write_all(&conn, None);
     conn.run(&FORGET_GONE, &[], Snap::Statement);
     let (name, range_to, sealed) = {
         let rows = conn.run(&PARTITION, &[arg(partition)], Snap::Latest);

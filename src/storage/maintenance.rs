@@ -48,6 +48,8 @@ pub fn round(as_of: pg_sys::TimestampTz, wait: bool) -> Option<Round> {
         return None;
     }
     let conn = Conn::open();
+    // Claims this transaction remembers get their rows first: a seal must see every key.
+    super::deferred::write_all(&conn, None);
     let mut round = Round::default();
     if gucs::partition_manager() == PartitionManager::Builtin {
         round.created = partitions::create_missing(&conn, as_of);

@@ -2,7 +2,7 @@
 //! direct index probes. Only the operations re-exported here are visible to the rest of the crate.
 //!
 //! - `decide`: what a call does to one key (pure, unit-tested); `records`: reads and writes keys;
-//!   `admin`: redrive and forget keys by hand;
+//!   `admin`: redrive and forget keys by hand; `deferred`: a new key's claim written once, when its fate is known;
 //! - `offsets`: broker positions; `maintenance`: one retention round; `partitions`: time
 //!   partitions and their indexes; `partman`: the handover to pg_partman;
 //! - `probe`: index lookups without the executor; `spi`: saved plans; `owner`: running as the table's owner;
@@ -11,6 +11,7 @@
 mod admin;
 mod catalog;
 mod decide;
+mod deferred;
 mod document;
 mod filters;
 mod keylock;
@@ -40,5 +41,6 @@ pub use xact::start_time as transaction_start;
 
 /// Process start: the relcache callback that keeps the cached catalog facts true.
 pub fn init() {
+    deferred::init();
     catalog::init(&[probe::forget_layouts, partitions::forget_coverage, filters::forget]);
 }

@@ -4,6 +4,7 @@
 //! latest snapshot, so the read sees what the previous lock holder committed. Under REPEATABLE
 //! READ and SERIALIZABLE a record the transaction's own snapshot cannot see means a concurrent
 //! transaction got there first: that is a serialization failure, never a second claim.
+use super::deferred;
 use super::decide::{self, Answer, ClaimDecision, FailDecision, Lease, NotHeld, State};
 use super::document::{Document, Documents};
 use super::keylock::{self, KeyLock};
@@ -26,13 +27,10 @@ const T_JSONB: pg_sys::Oid = pg_sys::JSONBOID;
 const T_JSONB_ARRAY: pg_sys::Oid = pg_sys::JSONBARRAYOID;
 const T_TS: pg_sys::Oid = pg_sys::TIMESTAMPTZOID;
 
-static INSERT_CLAIM: Stmt = Stmt {
-    sql: "INSERT INTO {partition}
-                 (scope, key, status, token, attempts, fingerprint, created_at, updated_at, expires_at)
-          VALUES ($1, $2, 'pending', nextval('idempotency.token_seq'), 1, $3, $5,
-                  clock_timestamp(), clock_timestamp() + $4)
-          RETURNING token, expires_at",
-    args: &[T_TEXT, T_TEXT, T_TEXT, T_IVL, T_TS],
+// The token and lease of a new key's claim, whose row is written later (see `deferred`).
+static NEW_LEASE: Stmt = Stmt {
+    sql: "SELECT nextval('idempotency.token_seq'), clock_timestamp(), clock_timestamp() + $1",
+    args: &[T_IVL],
 };
 static INSERT_ONCE: Stmt = Stmt {
     sql: "INSERT INTO {partition} (scope, key, status, attempts, created_at, updated_at)
@@ -180,12 +178,14 @@ impl Record {
 
 /// A key's record under the latest snapshot. `_conn` is open: documents are copied out to the
 /// caller's memory through SPI.
-pub(super) fn lookup(_conn: &Conn, k: Key) -> Option<Record> {
+pub(super) fn lookup(conn: &Conn, k: Key) -> Option<Record> {
+    deferred::write_key(conn, k);
     Prober::open(k.scope).find(k.key, |t| Record::from_tuple(t, k))
 }
 
 /// The records of several keys of one scope, by key.
-fn lookup_many(_conn: &Conn, scope: &str, keys: &[&str]) -> HashMap<String, Record> {
+fn lookup_many(conn: &Conn, scope: &str, keys: &[&str]) -> HashMap<String, Record> {
+    deferred::write_all(conn, Some(scope));
     let mut prober = Prober::open(scope);
     keys.iter()
         .filter_map(|&key| prober.find(key, |t| (key.to_string(), Record::from_tuple(t, Key { scope, key }))))
@@ -351,16 +351,15 @@ fn claim_one(k: Key, ttl: Interval, fingerprint: Option<&str>, wait: bool) -> Cl
     if let Some(rec) = lookup(&conn, k) {
         return claim_existing(&conn, k, rec, ttl, fingerprint, Some(lock));
     }
-    let (partition, created_at) = new_rows_go(&conn);
-    let rows = conn.run_on(
-        &INSERT_CLAIM,
-        partition,
-        &[arg(k.scope), arg(k.key), arg(fingerprint), arg(ttl), created_at],
-        Snap::Statement,
-    );
-    expect_one(&rows, "claim");
+    // A new key: its row is written once its fate is known (see `deferred`), where it would go now.
+    let (partition, created_at) = partitions::insert_target(&conn, xact::start_time());
+    let rows = conn.run(&NEW_LEASE, &[arg(ttl)], Snap::Statement);
+    let token: i64 = rows.get(0, 1).expect("token");
+    let claimed_at = rows.get_ts(0, 2).expect("clock");
+    let expires_at = rows.get_ts(0, 3).expect("lease end");
+    deferred::defer(k, token, fingerprint, partition, created_at, claimed_at, expires_at);
     stats::count(k.scope, Counter::ClaimedNew);
-    Claim::claimed(rows.get(0, 1), Some(1), rows.get_ts(0, 2))
+    Claim::claimed(Some(token), Some(1), Some(expires_at))
 }
 
 /// The claim of a key that has a record: does what [`decide::claim`] says. `lock` is the key's
@@ -487,6 +486,11 @@ fn check_held(k: Key, rec: Option<Record>, token: Option<i64>) -> Record {
 
 pub fn complete(k: Key, payload: Option<Document>, token: Option<i64>) {
     let conn = Conn::open();
+    if deferred::complete(&conn, k, payload.as_ref(), token) {
+        // Claimed by this transaction and not written yet: written once, completed.
+        stats::count(k.scope, Counter::Completes);
+        return;
+    }
     let rec = held(&conn, k, token);
     let [scope, key, tid] = rec.row_args(k);
     let payload = payload.map(|d| d.datum());
@@ -542,6 +546,7 @@ pub fn once(k: Key) -> bool {
     let conn = Conn::open();
     partitions::ensure_covered(&conn, xact::start_time());
     let lock = keylock::lock_key(k.scope, k.key, true).expect("waited for the lock");
+    deferred::write_key(&conn, k);
     if let Some((xmin, seen)) = Prober::open(k.scope).find(k.key, once_answer) {
         check_visible(k, xmin);
         stats::count(k.scope, Counter::Claims);
@@ -583,6 +588,7 @@ pub fn once_batch(scope: &str, keys: &[&str]) -> Vec<String> {
     let conn = Conn::open();
     partitions::ensure_covered(&conn, xact::start_time());
     let locks = lock_all(scope, keys);
+    deferred::write_all(&conn, Some(scope));
     // Opened after the locks: its snapshot must see what their previous holders committed.
     let mut prober = Prober::open(scope);
     let mut fresh = Vec::new();
@@ -633,6 +639,7 @@ pub struct StatusRow {
 
 pub fn status(k: Key) -> Option<StatusRow> {
     let conn = Conn::open();
+    deferred::write_key(&conn, k);
     let rows = conn.run(&STATUS, &k.args(), Snap::Statement);
     if rows.len() == 0 {
         return None;

@@ -1,0 +1,245 @@
+//! One-row claims: the claim of a new key is written once, when its fate is known.
+//!
+//! A consumer in one-transaction mode claims, works and completes before it commits; writing the
+//! claim as a `pending` row and then updating it to `completed` would cost two row versions and
+//! their index entries for one key. So the claim of a new key is only remembered here, under the
+//! key's lock (which keeps every other transaction out until this one ends, exactly as the
+//! uncommitted row did), with its token, its lease and its place: the partition it was to go to is
+//! locked as the insert would have (so a seal waits for this transaction as before). Then
+//! - `idem_complete` writes the row once, as `completed`;
+//! - anything else that looks at the key in this transaction (a second claim, `idem_once`,
+//!   `idem_status`, a batch, `idem_fail`, `idem_heartbeat`) first writes it as `pending`, as the
+//!   claim would have, and then works on the row as before;
+//! - at commit (or PREPARE TRANSACTION), a claim still unwritten is written as `pending`: the
+//!   two-transaction mode's lease.
+//! A rollback forgets the claim with the transaction; a rollback to a savepoint forgets the claims
+//! made after it, and makes a row written after it (which the rollback removed) unwritten again.
+use super::records::Key;
+use super::spi::{arg, ts_arg, Conn, Snap, Stmt};
+use crate::storage::Document;
+use pgrx::pg_sys;
+use std::cell::RefCell;
+use std::collections::HashMap;
+
+const T_TEXT: pg_sys::Oid = pg_sys::TEXTOID;
+const T_INT8: pg_sys::Oid = pg_sys::INT8OID;
+const T_TS: pg_sys::Oid = pg_sys::TIMESTAMPTZOID;
+const T_JSONB: pg_sys::Oid = pg_sys::JSONBOID;
+
+// The row the claim would have inserted, with the values it would have given it.
+static INSERT_PENDING: Stmt = Stmt {
+    sql: "INSERT INTO {partition}
+                 (scope, key, status, token, attempts, fingerprint, created_at, updated_at, expires_at)
+          VALUES ($1, $2, 'pending', $3, 1, $4, $5, $6, $7)",
+    args: &[T_TEXT, T_TEXT, T_INT8, T_TEXT, T_TS, T_TS, T_TS],
+};
+// The claim and its completion in one row: what the update of the pending row would have left.
+static INSERT_COMPLETED: Stmt = Stmt {
+    sql: "INSERT INTO {partition}
+                 (scope, key, status, token, attempts, fingerprint, payload, created_at, updated_at)
+          VALUES ($1, $2, 'completed', $3, 1, $4, $6, $5, clock_timestamp())",
+    args: &[T_TEXT, T_TEXT, T_INT8, T_TEXT, T_TS, T_JSONB],
+};
+
+/// A claim of a new key, not written yet (or written in `written_in`).
+struct Deferred {
+    token: i64,
+    fingerprint: Option<String>,
+    partition: pg_sys::Oid,
+    created_at: pg_sys::TimestampTz,
+    claimed_at: pg_sys::TimestampTz,
+    expires_at: pg_sys::TimestampTz,
+    /// The subtransaction that claimed.
+    made_in: pg_sys::SubTransactionId,
+    /// The subtransaction that wrote its row, if one did.
+    written_in: Option<pg_sys::SubTransactionId>,
+}
+
+thread_local! {
+    static CLAIMS: RefCell<HashMap<(String, String), Deferred>> = RefCell::new(HashMap::new());
+}
+
+fn subtransaction() -> pg_sys::SubTransactionId {
+    // SAFETY: reads the current subtransaction's id from the backend's transaction state.
+    unsafe { pg_sys::GetCurrentSubTransactionId() }
+}
+
+fn id(k: Key) -> (String, String) {
+    (k.scope.to_owned(), k.key.to_owned())
+}
+
+/// Remembers the claim of a new key instead of inserting it. The caller holds the key's lock and
+/// has locked `partition` for the insert.
+#[allow(clippy::too_many_arguments)]
+pub fn defer(
+    k: Key,
+    token: i64,
+    fingerprint: Option<&str>,
+    partition: pg_sys::Oid,
+    created_at: pg_sys::TimestampTz,
+    claimed_at: pg_sys::TimestampTz,
+    expires_at: pg_sys::TimestampTz,
+) {
+    let claim = Deferred {
+        token,
+        fingerprint: fingerprint.map(str::to_owned),
+        partition,
+        created_at,
+        claimed_at,
+        expires_at,
+        made_in: subtransaction(),
+        written_in: None,
+    };
+    CLAIMS.with_borrow_mut(|claims| claims.insert(id(k), claim));
+}
+
+fn insert_pending(conn: &Conn, k: Key, c: &Deferred) {
+    conn.run_on(
+        &INSERT_PENDING,
+        c.partition,
+        &[
+            arg(k.scope),
+            arg(k.key),
+            arg(c.token),
+            arg(c.fingerprint.as_deref()),
+            ts_arg(c.created_at),
+            ts_arg(c.claimed_at),
+            ts_arg(c.expires_at),
+        ],
+        Snap::Statement,
+    );
+}
+
+/// Writes the key's claim as `pending` if it is remembered and unwritten: from here on the key has
+/// its row, as if the claim had inserted it.
+pub fn write_key(conn: &Conn, k: Key) {
+    if CLAIMS.with_borrow(|claims| claims.is_empty()) {
+        return;
+    }
+    let sub = subtransaction();
+    CLAIMS.with_borrow_mut(|claims| {
+        if let Some(c) = claims.get_mut(&id(k)) {
+            if c.written_in.is_none() {
+                insert_pending(conn, k, c);
+                c.written_in = Some(sub);
+            }
+        }
+    });
+}
+
+/// Writes every unwritten claim of `scope` (every scope with None) as `pending`.
+pub fn write_all(conn: &Conn, scope: Option<&str>) {
+    if CLAIMS.with_borrow(|claims| claims.is_empty()) {
+        return;
+    }
+    let sub = subtransaction();
+    CLAIMS.with_borrow_mut(|claims| {
+        for ((s, key), c) in claims.iter_mut() {
+            if c.written_in.is_none() && scope.is_none_or(|wanted| wanted == s) {
+                insert_pending(conn, Key { scope: s, key }, c);
+                c.written_in = Some(sub);
+            }
+        }
+    });
+}
+
+/// `idem_complete` of a key whose claim this transaction remembers, unwritten: writes its one row,
+/// completed, and returns true. False (nothing done) when there is no such claim, or when `token`
+/// is not its token (the caller's usual path then writes the claim and refuses the call).
+pub fn complete(conn: &Conn, k: Key, payload: Option<&Document>, token: Option<i64>) -> bool {
+    if CLAIMS.with_borrow(|claims| claims.is_empty()) {
+        return false;
+    }
+    let sub = subtransaction();
+    CLAIMS.with_borrow_mut(|claims| {
+        let Some(c) = claims.get_mut(&id(k)) else {
+            return false;
+        };
+        if c.written_in.is_some() || token.is_some_and(|t| t != c.token) {
+            return false;
+        }
+        conn.run_on(
+            &INSERT_COMPLETED,
+            c.partition,
+            &[
+                arg(k.scope),
+                arg(k.key),
+                arg(c.token),
+                arg(c.fingerprint.as_deref()),
+                ts_arg(c.created_at),
+                payload.map(|d| d.datum()),
+            ],
+            Snap::Statement,
+        );
+        c.written_in = Some(sub);
+        true
+    })
+}
+
+/// Before the commit (or PREPARE TRANSACTION): the claims still unwritten become `pending` rows.
+fn write_before_commit() {
+    if CLAIMS.with_borrow(|claims| claims.iter().all(|(_, c)| c.written_in.is_some())) {
+        return;
+    }
+    // The statement that committed has ended: its snapshot is gone. Run under the transaction's, as
+    // PostgreSQL runs deferred triggers at this point.
+    // SAFETY: pushes the transaction snapshot (valid until the transaction ends) and pops it below;
+    // an ERROR in between aborts the transaction, which empties the snapshot stack itself.
+    unsafe { pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot()) };
+    write_all(&Conn::open(), None);
+    // SAFETY: pops the snapshot pushed above; the connection using it is closed.
+    unsafe { pg_sys::PopActiveSnapshot() };
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn at_transaction_event(event: pg_sys::XactEvent::Type, _arg: *mut std::ffi::c_void) {
+    use pg_sys::XactEvent::*;
+    match event {
+        XACT_EVENT_PRE_COMMIT | XACT_EVENT_PRE_PREPARE => write_before_commit(),
+        XACT_EVENT_COMMIT | XACT_EVENT_ABORT | XACT_EVENT_PREPARE => {
+            CLAIMS.with_borrow_mut(|claims| claims.clear());
+        }
+        _ => {}
+    }
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn at_subtransaction_event(
+    event: pg_sys::SubXactEvent::Type,
+    sub: pg_sys::SubTransactionId,
+    parent: pg_sys::SubTransactionId,
+    _arg: *mut std::ffi::c_void,
+) {
+    use pg_sys::SubXactEvent::*;
+    match event {
+        SUBXACT_EVENT_ABORT_SUB => CLAIMS.with_borrow_mut(|claims| {
+            // Its claims go (their key locks went with the subtransaction), and the rows it wrote.
+            claims.retain(|_, c| c.made_in != sub);
+            for c in claims.values_mut() {
+                if c.written_in == Some(sub) {
+                    c.written_in = None;
+                }
+            }
+        }),
+        SUBXACT_EVENT_COMMIT_SUB => CLAIMS.with_borrow_mut(|claims| {
+            for c in claims.values_mut() {
+                if c.made_in == sub {
+                    c.made_in = parent;
+                }
+                if c.written_in == Some(sub) {
+                    c.written_in = Some(parent);
+                }
+            }
+        }),
+        _ => {}
+    }
+}
+
+/// Process start: the transaction callbacks that write and forget the claims.
+pub fn init() {
+    // SAFETY: registers static functions once per process; they live as long as the process.
+    unsafe {
+        pg_sys::RegisterXactCallback(Some(at_transaction_event), std::ptr::null_mut());
+        pg_sys::RegisterSubXactCallback(Some(at_subtransaction_event), std::ptr::null_mut());
+    }
+}

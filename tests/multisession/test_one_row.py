@@ -1,0 +1,146 @@
+"""One-row claims: in one-transaction mode the record of a new key is written once, as completed.
+
+pg_stat_xact_user_tables counts the current transaction's own inserts and updates per partition, at
+once, so each test reads what its transaction wrote to the record table.
+"""
+import threading
+import uuid
+
+import psycopg
+
+
+def new_scope(tag):
+    return f"{tag}-{uuid.uuid4().hex[:12]}"
+
+
+def writes(conn):
+    """(inserts, updates) of this transaction into the partitions of idempotency.records."""
+    return conn.execute("""
+        SELECT coalesce(sum(n_tup_ins), 0)::int, coalesce(sum(n_tup_upd), 0)::int
+          FROM pg_stat_xact_user_tables
+         WHERE relid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = 'idempotency.records'::regclass)
+    """).fetchone()
+
+
+def row(conn, scope, key):
+    return conn.execute("SELECT status, token, attempts, payload, expires_at IS NULL FROM idempotency.records "
+                        "WHERE scope = %s AND key = %s", (scope, key)).fetchone()
+
+
+def claim(conn, scope, key, ttl=None):
+    return conn.execute("SELECT outcome, token, expires_at FROM idem_claim(%s, %s::interval, %s)",
+                        (key, ttl, scope)).fetchone()
+
+
+def test_claim_and_complete_write_one_row(cluster):
+    scope = new_scope("one-row")
+    with cluster.connect() as c:
+        c.execute("BEGIN")
+        outcome, token, _ = claim(c, scope, "k")
+        assert outcome == "claimed"
+        assert writes(c) == (0, 0), "the claim of a new key wrote before its fate was known"
+        c.execute("SELECT idem_complete('k', '{\"ok\": 1}', %s)", (scope,))
+        assert writes(c) == (1, 0), "claim + complete should be one insert and no update"
+        assert row(c, scope, "k") == ("completed", token, 1, {"ok": 1}, True)
+        c.execute("COMMIT")
+        assert claim(c, scope, "k")[0] == "completed"
+        assert c.execute("SELECT status, token, payload, expires_at FROM idem_status('k', %s)",
+                         (scope,)).fetchone() == ("completed", token, {"ok": 1}, None)
+
+
+def test_two_transaction_claim_is_written_at_commit(cluster):
+    scope = new_scope("one-row-2tx")
+    with cluster.connect() as a, cluster.connect() as b:
+        a.execute("BEGIN")
+        outcome, token, expires_at = claim(a, scope, "k", "1 hour")
+        a.execute("COMMIT")
+        assert outcome == "claimed"
+        assert b.execute("SELECT status, token, expires_at FROM idem_status('k', %s)",
+                         (scope,)).fetchone() == ("pending", token, expires_at)
+        assert claim(b, scope, "k")[0] == "in_progress"
+        a.execute("SELECT idem_complete('k', NULL, %s, %s)", (scope, token))
+        assert claim(b, scope, "k")[0] == "completed"
+
+
+def test_the_same_transaction_sees_its_claim(cluster):
+    scope = new_scope("one-row-same")
+    with cluster.connect() as c:
+        c.execute("BEGIN")
+        _, token, expires_at = claim(c, scope, "k")
+        # idem_status, a second claim and idem_once see the claim as a pending row, as before.
+        assert c.execute("SELECT status, token, expires_at FROM idem_status('k', %s)",
+                         (scope,)).fetchone() == ("pending", token, expires_at)
+        assert claim(c, scope, "k")[0] == "in_progress"
+        assert c.execute("SELECT idem_once('k', %s)", (scope,)).fetchone()[0] is False
+        c.execute("SELECT idem_complete('k', NULL, %s)", (scope,))
+        assert writes(c) == (1, 1), "written as pending when looked at, then completed by an update"
+        c.execute("COMMIT")
+        assert claim(c, scope, "k")[0] == "completed"
+
+
+def test_savepoints(cluster):
+    scope = new_scope("one-row-sp")
+    with cluster.connect() as c, cluster.connect() as other:
+        # A claim rolled back to its savepoint is forgotten: nothing is written, the key is free.
+        c.execute("BEGIN")
+        c.execute("SAVEPOINT s")
+        assert claim(c, scope, "gone")[0] == "claimed"
+        c.execute("ROLLBACK TO SAVEPOINT s")
+        gone = claim(other, scope, "gone", "1 hour")
+        assert gone[0] == "claimed", "the rolled-back claim still held the key"
+        # A completion rolled back to its savepoint leaves the claim: committed as a pending lease.
+        _, token, _ = claim(c, scope, "kept", "1 hour")
+        c.execute("SAVEPOINT t")
+        c.execute("SELECT idem_complete('kept', NULL, %s)", (scope,))
+        c.execute("ROLLBACK TO SAVEPOINT t")
+        c.execute("COMMIT")
+        assert other.execute("SELECT status, token FROM idem_status('kept', %s)", (scope,)).fetchone() \
+            == ("pending", token)
+        assert other.execute("SELECT status, token FROM idem_status('gone', %s)", (scope,)).fetchone() \
+            == ("pending", gone[1]), "the claim rolled back to its savepoint was written at commit"
+        # A claim made in a released savepoint belongs to the transaction.
+        c.execute("BEGIN")
+        c.execute("SAVEPOINT u")
+        _, token, _ = claim(c, scope, "released")
+        c.execute("RELEASE SAVEPOINT u")
+        c.execute("SELECT idem_complete('released', NULL, %s, %s)", (scope, token))
+        c.execute("COMMIT")
+        assert claim(other, scope, "released")[0] == "completed"
+
+
+def test_a_waiting_claim_sees_the_one_row(cluster):
+    scope = new_scope("one-row-wait")
+    with cluster.connect() as a, cluster.connect() as b:
+        a.execute("BEGIN")
+        assert claim(a, scope, "k")[0] == "claimed"
+        got = {}
+        t = threading.Thread(target=lambda: got.update(outcome=claim(b, scope, "k")[0]))
+        t.start()
+        t.join(0.3)
+        assert t.is_alive(), "the second claim did not wait for the key"
+        a.execute("SELECT idem_complete('k', NULL, %s)", (scope,))
+        a.execute("COMMIT")
+        t.join(10)
+        assert got["outcome"] == "completed"
+
+
+def test_rollback_writes_nothing(cluster):
+    scope = new_scope("one-row-rb")
+    with cluster.connect() as c:
+        c.execute("BEGIN")
+        claim(c, scope, "k")
+        c.execute("ROLLBACK")
+        assert c.execute("SELECT count(*) FROM idempotency.records WHERE scope = %s", (scope,)).fetchone()[0] == 0
+        assert claim(c, scope, "k")[0] == "claimed"
+
+
+def test_an_error_after_the_claim_loses_it(cluster):
+    scope = new_scope("one-row-err")
+    with cluster.connect() as c:
+        c.execute("BEGIN")
+        claim(c, scope, "k")
+        try:
+            c.execute("SELECT 1 / 0")
+        except psycopg.errors.DivisionByZero:
+            c.execute("ROLLBACK")
+        assert claim(c, scope, "k")[0] == "claimed"
