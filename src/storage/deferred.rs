@@ -14,8 +14,10 @@
 //!   two-transaction mode's lease.
 //! A rollback forgets the claim with the transaction; a rollback to a savepoint forgets the claims
 //! made after it, and makes a row written after it (which the rollback removed) unwritten again.
+//! A statement of this transaction that reads the storage with SQL (a view, `idem_metrics()`, a
+//! DBA's SELECT) first writes the remembered claims, so that it sees them as it would have.
 use super::records::Key;
-use super::spi::{arg, ts_arg, Conn, Snap, Stmt};
+use super::spi::{self, arg, ts_arg, Conn, Snap, Stmt};
 use crate::storage::Document;
 use pgrx::pg_sys;
 use std::cell::RefCell;
@@ -198,6 +200,7 @@ unsafe extern "C-unwind" fn at_transaction_event(event: pg_sys::XactEvent::Type,
         XACT_EVENT_PRE_COMMIT | XACT_EVENT_PRE_PREPARE => write_before_commit(),
         XACT_EVENT_COMMIT | XACT_EVENT_ABORT | XACT_EVENT_PREPARE => {
             CLAIMS.with_borrow_mut(|claims| claims.clear());
+            spi::forget_open();
         }
         _ => {}
     }
@@ -235,11 +238,60 @@ unsafe extern "C-unwind" fn at_subtransaction_event(
     }
 }
 
-/// Process start: the transaction callbacks that write and forget the claims.
+fn any_unwritten() -> bool {
+    CLAIMS.with_borrow(|claims| claims.values().any(|c| c.written_in.is_none()))
+}
+
+/// Whether a statement reads or writes a relation of the storage's schema (a partition of the
+/// record table, the table itself, one of the views).
+///
+/// # Safety
+/// `qd` is the query descriptor ExecutorStart was given.
+unsafe fn touches_storage(qd: *mut pg_sys::QueryDesc) -> bool {
+    let stmt = (*qd).plannedstmt;
+    if stmt.is_null() {
+        return false;
+    }
+    let schema = pg_sys::get_namespace_oid(c"idempotency".as_ptr(), true);
+    if schema == pg_sys::InvalidOid {
+        return false;
+    }
+    let rtable = pgrx::PgList::<pg_sys::RangeTblEntry>::from_pg((*stmt).rtable);
+    let touches = rtable.iter_ptr().any(|rte| {
+        (*rte).rtekind == pg_sys::RTEKind::RTE_RELATION && pg_sys::get_rel_namespace((*rte).relid) == schema
+    });
+    touches
+}
+
+static mut PREV_EXECUTOR_START: pg_sys::ExecutorStart_hook_type = None;
+
+/// Before a statement of the caller's that reads the storage: the remembered claims get their rows,
+/// and the statement's snapshot is moved past them so that it sees them (its own transaction's
+/// writes are visible by command id alone).
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn executor_start(qd: *mut pg_sys::QueryDesc, eflags: std::ffi::c_int) {
+    if !spi::in_storage() && any_unwritten() && touches_storage(qd) {
+        write_all(&Conn::open(), None);
+        pg_sys::CommandCounterIncrement();
+        if !(*qd).snapshot.is_null() {
+            (*(*qd).snapshot).curcid = pg_sys::GetCurrentCommandId(false);
+        }
+    }
+    match PREV_EXECUTOR_START {
+        Some(prev) => prev(qd, eflags),
+        None => pg_sys::standard_ExecutorStart(qd, eflags),
+    }
+}
+
+/// Process start: the transaction callbacks that write and forget the claims, and the executor
+/// hook that writes them before a statement reads the storage.
 pub fn init() {
-    // SAFETY: registers static functions once per process; they live as long as the process.
+    // SAFETY: registers static functions once per process (they live as long as the process) and
+    // chains the executor hook in front of the one installed before, which it calls.
     unsafe {
         pg_sys::RegisterXactCallback(Some(at_transaction_event), std::ptr::null_mut());
         pg_sys::RegisterSubXactCallback(Some(at_subtransaction_event), std::ptr::null_mut());
+        PREV_EXECUTOR_START = pg_sys::ExecutorStart_hook;
+        pg_sys::ExecutorStart_hook = Some(executor_start);
     }
 }

@@ -18,6 +18,8 @@ pub struct Stmt {
 }
 
 thread_local! {
+    /// How many `Conn`s are open: the storage's own statements run while one is.
+    static OPEN: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
     /// Saved plans by statement and, for statements on one partition, the partition's oid.
     static PLANS: RefCell<HashMap<(usize, pg_sys::Oid), pg_sys::SPIPlanPtr>> = RefCell::new(HashMap::new());
 }
@@ -48,6 +50,7 @@ impl Conn {
         if rc < 0 {
             panic!("SPI_connect failed: {rc}");
         }
+        OPEN.with(|n| n.set(n.get() + 1));
         Conn { _as_owner: as_owner }
     }
 
@@ -156,8 +159,19 @@ impl Conn {
     }
 }
 
+/// Whether the statement being run is the storage's own (a `Conn` is open).
+pub fn in_storage() -> bool {
+    OPEN.with(|n| n.get() > 0)
+}
+
+/// Transaction end: no `Conn` can be open any more (an ERROR may have skipped a drop).
+pub fn forget_open() {
+    OPEN.with(|n| n.set(0));
+}
+
 impl Drop for Conn {
     fn drop(&mut self) {
+        OPEN.with(|n| n.set(n.get().saturating_sub(1)));
         // Before the role and search path are given back (the field is dropped after this).
         if !std::thread::panicking() {
             // SAFETY: closes the SPI level `open` pushed; nothing of it is used afterwards (rows

@@ -144,3 +144,21 @@ def test_an_error_after_the_claim_loses_it(cluster):
         except psycopg.errors.DivisionByZero:
             c.execute("ROLLBACK")
         assert claim(c, scope, "k")[0] == "claimed"
+
+
+def test_a_statement_that_reads_the_storage_sees_the_claim(cluster):
+    """A SELECT on the record table (or a view over it) in the claiming transaction sees the claim
+    as a pending row, at every isolation level: it is written just before that statement runs."""
+    for level in ("READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE"):
+        scope = new_scope("one-row-read")
+        with cluster.connect() as c:
+            c.execute(f"BEGIN ISOLATION LEVEL {level}")
+            _, token, _ = claim(c, scope, "k")
+            assert writes(c) == (0, 0)
+            assert row(c, scope, "k")[:3] == ("pending", token, 1), level
+            assert c.execute("SELECT state, token FROM idempotency.in_flight WHERE scope = %s",
+                             (scope,)).fetchone() == ("leased", token), level
+            assert writes(c) == (1, 0)
+            c.execute("SELECT idem_complete('k', NULL, %s)", (scope,))
+            assert row(c, scope, "k")[:2] == ("completed", token), level
+            c.execute("COMMIT")
