@@ -366,11 +366,12 @@ def production_shape(bench):
             time.sleep(0.5)
         parts = past_partitions(bench, days + 1)[:-1]  # the past days, not today's
         load_retained(bench, parts, 1, keys, len(parts))
+        # ON CONFLICT: a few of these keys fall into 1..dupkeys, which reset_tables loaded already.
         bench.admin.q("INSERT INTO floor_keys (key) SELECT ((g * 999983) %% 10000000019)::text "
-                      "FROM generate_series(1, %s::bigint) g", (keys,))
+                      "FROM generate_series(1, %s::bigint) g ON CONFLICT DO NOTHING", (keys,))
         bench.admin.q("INSERT INTO idempotency_keys (idempotency_key, status, response_payload) "
                       "SELECT ((g * 999983) %% 10000000019)::text, 'COMPLETED', %s::jsonb "
-                      "FROM generate_series(1, %s::bigint) g", (PAYLOAD, keys))
+                      "FROM generate_series(1, %s::bigint) g ON CONFLICT DO NOTHING", (PAYLOAD, keys))
         bench.admin.q("VACUUM ANALYZE floor_keys, idempotency_keys, idempotency.records")
         bench.admin.q("SELECT FROM idem_maintenance()")
         sealed = bench.admin.one("SELECT count(*) FROM idempotency.sealed WHERE blocks > 0")
