@@ -185,6 +185,16 @@ static FILTER_MEMORY: Int = Int {
     set_by: SetBy::Reload,
     flags: GucFlags::UNIT_KB,
 };
+static FILTER_CACHE: Int = Int {
+    name: c"idempotency.filter_cache",
+    short: c"Memory a backend may use for copies of the sealed partitions' filters.",
+    long: c"A claim reads a filter's block from the backend's copy instead of a shared buffer while the copies fit (about 1.25 bytes a retained key); past it, from shared buffers. 0 turns the copies off.",
+    value: GucSetting::<i32>::new(8 * 1024),
+    min: 0,
+    max: i32::MAX,
+    set_by: SetBy::Anyone,
+    flags: GucFlags::UNIT_KB,
+};
 static MAX_BATCH_KEYS: Int = Int {
     name: c"idempotency.max_batch_keys",
     short: c"Most keys accepted by one idem_*_batch call.",
@@ -225,6 +235,7 @@ pub fn init() {
         &DROP_LOCK_TIMEOUT,
         &MAX_BATCH_KEYS,
         &FILTER_MEMORY,
+        &FILTER_CACHE,
     ] {
         setting.register();
     }
@@ -299,6 +310,10 @@ pub fn drop_lock_timeout() -> Duration {
 /// `idempotency.filter_memory` in bytes.
 pub fn filter_memory() -> u64 {
     FILTER_MEMORY.value.get() as u64 * 1024
+}
+/// `idempotency.filter_cache` in bytes.
+pub fn filter_cache() -> usize {
+    FILTER_CACHE.value.get() as usize * 1024
 }
 pub fn max_batch_keys() -> usize {
     MAX_BATCH_KEYS.value.get() as usize

@@ -78,11 +78,28 @@ pub fn insert(bits: &mut [u8], hash: u64) {
     }
 }
 
-/// A sealed partition's filter as a backend knows it: its size and where its chunks lie.
+/// A sealed partition's filter as a backend knows it: its size, where its chunks lie, and maybe a
+/// copy of its bits in the backend's memory.
 pub struct Filter {
     partition: pg_sys::Oid,
     blocks: u32,
     chunks: Vec<pg_sys::ItemPointerData>,
+    copy: RefCell<BitsCopy>,
+}
+
+/// A filter's bits in the backend's own memory: read once, within `idempotency.filter_cache`, so that a
+/// claim reads a block with no buffer lookup, pin or tuple fetch. Filters never change once written;
+/// the copies go with the rest of what the backend knows of the sealed partitions (`forget`).
+enum BitsCopy {
+    Unread,
+    Bits(Box<[u8]>),
+    /// Over the budget, or a chunk did not read as listed: read in shared buffers.
+    No,
+}
+
+thread_local! {
+    /// Bytes of filter copies this backend holds.
+    static COPIED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
 /// What a backend knows of the sealed partitions, loaded on first use and forgotten whenever the
@@ -105,6 +122,7 @@ thread_local! {
 pub fn forget(what: Invalidated) {
     if let Invalidated::RecordTable = what {
         SEALED.with(|s| s.borrow_mut().take());
+        COPIED.with(|c| c.set(0));
     }
 }
 
@@ -163,7 +181,12 @@ pub fn sealed() -> Rc<Sealed> {
         pgrx::itemptr::item_pointer_set_all(&mut tid, block as u32, item as u16);
         building
             .entry(partition)
-            .or_insert_with(|| Filter { partition, blocks: blocks as u32, chunks: Vec::new() })
+            .or_insert_with(|| Filter {
+                partition,
+                blocks: blocks as u32,
+                chunks: Vec::new(),
+                copy: RefCell::new(BitsCopy::Unread),
+            })
             .chunks
             .push(tid);
     }
@@ -186,8 +209,50 @@ impl Filter {
     /// `chunks` is `idempotency.filter_chunks`, open and locked by the caller.
     pub unsafe fn may_hold(&self, chunks: pg_sys::Relation, hash: u64) -> bool {
         let block = block_of(hash, self.blocks);
+        if let Some(maybe) = self.from_copy(chunks, block, hash) {
+            return maybe;
+        }
         let (chunk, offset) = (block / CHUNK_BLOCKS, (block % CHUNK_BLOCKS) * BLOCK_BYTES);
-        let Some(tid) = self.chunks.get(chunk) else { return true };
+        self.read_chunk(chunks, chunk, |data| {
+            data.get(offset..offset + BLOCK_BYTES).is_none_or(|bits| block_has(bits, hash))
+        })
+        .unwrap_or(true)
+    }
+
+    /// The answer from the backend's copy of the bits, made on first use when the budget allows;
+    /// None when there is no copy.
+    ///
+    /// # Safety
+    /// As for [`Filter::may_hold`].
+    unsafe fn from_copy(&self, chunks: pg_sys::Relation, block: usize, hash: u64) -> Option<bool> {
+        if matches!(*self.copy.borrow(), BitsCopy::Unread) {
+            let size = self.blocks as usize * BLOCK_BYTES;
+            let fits = COPIED.with(|c| c.get() + size <= gucs::filter_cache());
+            let mut bits = Vec::with_capacity(if fits { size } else { 0 });
+            let read = fits
+                && (0..self.chunks.len()).all(|chunk| {
+                    self.read_chunk(chunks, chunk, |data| bits.extend_from_slice(data)).is_some()
+                });
+            *self.copy.borrow_mut() = if read && bits.len() >= size {
+                COPIED.with(|c| c.set(c.get() + size));
+                BitsCopy::Bits(bits.into_boxed_slice())
+            } else {
+                BitsCopy::No
+            };
+        }
+        match &*self.copy.borrow() {
+            BitsCopy::Bits(bits) => Some(block_has(&bits[block * BLOCK_BYTES..(block + 1) * BLOCK_BYTES], hash)),
+            _ => None,
+        }
+    }
+
+    /// Runs `read` on the bytes of chunk number `chunk`, in place in its shared buffer. None when the
+    /// row is gone or is not that chunk of this partition's filter (anything unexpected).
+    ///
+    /// # Safety
+    /// As for [`Filter::may_hold`].
+    unsafe fn read_chunk<R>(&self, chunks: pg_sys::Relation, chunk: usize, read: impl FnOnce(&[u8]) -> R) -> Option<R> {
+        let tid = self.chunks.get(chunk)?;
         let mut tuple = pg_sys::HeapTupleData { t_self: *tid, ..Default::default() };
         let mut buffer: pg_sys::Buffer = pg_sys::InvalidBuffer as pg_sys::Buffer;
         // Any version will do: a chunk row is written once and never updated, and its partition
@@ -196,12 +261,12 @@ impl Filter {
             if buffer != pg_sys::InvalidBuffer as pg_sys::Buffer {
                 pg_sys::ReleaseBuffer(buffer);
             }
-            return true;
+            return None;
         }
         let mut values = [pg_sys::Datum::from(0usize); 3];
         let mut nulls = [true; 3];
         pg_sys::heap_deform_tuple(&mut tuple, (*chunks).rd_att, values.as_mut_ptr(), nulls.as_mut_ptr());
-        let mut maybe = true;
+        let mut result = None;
         if !nulls.iter().any(|n| *n)
             && pg_sys::Oid::from(values[0].value() as u32) == self.partition
             && values[1].value() as i32 == chunk as i32
@@ -209,13 +274,11 @@ impl Filter {
             // Stored inline and uncompressed (STORAGE PLAIN), so this returns the page's own bytes.
             let bits = pg_sys::pg_detoast_datum_packed(values[2].cast_mut_ptr());
             let len = pgrx::varlena::varsize_any_exhdr(bits);
-            if offset + BLOCK_BYTES <= len {
-                let data = std::slice::from_raw_parts(pgrx::varlena::vardata_any(bits) as *const u8, len);
-                maybe = block_has(&data[offset..offset + BLOCK_BYTES], hash);
-            }
+            let data = std::slice::from_raw_parts(pgrx::varlena::vardata_any(bits) as *const u8, len);
+            result = Some(read(data));
         }
         pg_sys::ReleaseBuffer(buffer);
-        maybe
+        result
     }
 }
 
