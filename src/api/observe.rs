@@ -1,7 +1,7 @@
 //! Statistics and health from SQL: the counters behind `idempotency.stats` and `idem_stats()`, their
 //! reset, and the maintenance state `idem_metrics()` reports (`sql/observe.sql` builds the views and
 //! `idem_metrics()` on these).
-use crate::stats::{self, COUNTERS};
+use crate::stats::{self, database, COUNTERS};
 use pgrx::prelude::*;
 
 pgrx::extension_sql_file!(
@@ -14,11 +14,6 @@ type Ts = TimestampWithTimeZone;
 
 fn ts(value: i64) -> Option<Ts> {
     (value != 0).then(|| Ts::try_from(value).expect("valid timestamp"))
-}
-
-fn database() -> u32 {
-    // SAFETY: reads the backend's database oid, set once at connection start.
-    unsafe { pg_sys::MyDatabaseId }.to_u32()
 }
 
 fn counts(c: &[u64; COUNTERS]) -> Vec<i64> {

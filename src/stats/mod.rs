@@ -84,6 +84,18 @@ pub fn lock_wait(scope: &str, micros: u64) {
     add(scope, Counter::LockWaitMicros, micros);
 }
 
+/// The current database's oid: statistics and rounds are kept per database.
+pub fn database() -> u32 {
+    // SAFETY: reads the backend's database oid, set once at connection start.
+    unsafe { pg_sys::MyDatabaseId }.to_u32()
+}
+
+/// The clock now, as a timestamptz (microseconds since 2000-01-01).
+fn now() -> i64 {
+    // SAFETY: reads the system clock; no side effects.
+    unsafe { pg_sys::GetCurrentTimestamp() }
+}
+
 /// Whether counting is on: the library was preloaded and `idempotency.stats` is on.
 pub fn enabled() -> bool {
     shared::attached() && gucs::stats()
@@ -94,8 +106,7 @@ fn publish() {
     if !DIRTY.replace(false) {
         return;
     }
-    // SAFETY: reads the backend's database oid, set once at connection start.
-    let db = unsafe { pg_sys::MyDatabaseId }.to_u32();
+    let db = database();
     PENDING.with_borrow_mut(|pending| {
         for (scope, p) in pending.iter_mut() {
             if p.counts.iter().all(|&n| n == 0) {

@@ -1,8 +1,7 @@
 //! What the maintenance rounds of each database did lately: when the last one ran and how long it
 //! took, how many ran and failed, and the last error. Kept in the statistics' shared memory (so only
 //! with the library preloaded), written by the round itself, worker or `idem_maintenance()` alike.
-use super::shared;
-use pgrx::pg_sys;
+use super::{database, now, shared};
 use pgrx::pg_sys::panic::CaughtError;
 use pgrx::PgTryBuilder;
 use std::cell::UnsafeCell;
@@ -58,16 +57,6 @@ impl Round {
         self.busy.store(0, Ordering::Release);
         result
     }
-}
-
-fn database() -> u32 {
-    // SAFETY: reads the backend's database oid, set once at connection start.
-    unsafe { pg_sys::MyDatabaseId }.to_u32()
-}
-
-fn now() -> i64 {
-    // SAFETY: reads the system clock; no side effects.
-    unsafe { pg_sys::GetCurrentTimestamp() }
 }
 
 /// Runs one maintenance round `f` of the current database and records how it went (an ERROR it

@@ -11,7 +11,7 @@
 //! The counters survive a clean shutdown: the postmaster writes them to `pg_stat/idempotency.stat`
 //! when it exits, and reads (then removes) that file when it starts. After a crash they start at 0.
 use super::rounds::Round;
-use super::COUNTERS;
+use super::{now, COUNTERS};
 use pgrx::pg_sys;
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
@@ -136,11 +136,6 @@ unsafe extern "C-unwind" fn set_up_memory() {
         }
         pg_sys::on_shmem_exit(Some(save_at_exit), pg_sys::Datum::from(0));
     }
-}
-
-fn now() -> i64 {
-    // SAFETY: reads the system clock; no side effects.
-    unsafe { pg_sys::GetCurrentTimestamp() }
 }
 
 fn hash_of(db: u32, scope: &str, shared: bool) -> u64 {

@@ -95,21 +95,17 @@ pub fn defer(
     CLAIMS.with_borrow_mut(|claims| claims.insert(id(k), claim));
 }
 
+/// Inserts the claim's row with `stmt`, whose `$1` to `$5` are scope, key, token, fingerprint and
+/// `created_at`, and whose further parameters are `rest`.
+fn insert(conn: &Conn, stmt: &'static Stmt, k: Key, c: &Deferred, rest: &[Option<pg_sys::Datum>]) {
+    let mut args =
+        vec![arg(k.scope), arg(k.key), arg(c.token), arg(c.fingerprint.as_deref()), ts_arg(c.created_at)];
+    args.extend_from_slice(rest);
+    conn.run_on(stmt, c.partition, &args, Snap::Statement);
+}
+
 fn insert_pending(conn: &Conn, k: Key, c: &Deferred) {
-    conn.run_on(
-        &INSERT_PENDING,
-        c.partition,
-        &[
-            arg(k.scope),
-            arg(k.key),
-            arg(c.token),
-            arg(c.fingerprint.as_deref()),
-            ts_arg(c.created_at),
-            ts_arg(c.claimed_at),
-            ts_arg(c.expires_at),
-        ],
-        Snap::Statement,
-    );
+    insert(conn, &INSERT_PENDING, k, c, &[ts_arg(c.claimed_at), ts_arg(c.expires_at)]);
 }
 
 /// Writes the key's claim as `pending` if it is remembered and unwritten: from here on the key has
@@ -160,19 +156,7 @@ pub fn complete(conn: &Conn, k: Key, payload: Option<&Document>, token: Option<i
         if c.written_in.is_some() || token.is_some_and(|t| t != c.token) {
             return false;
         }
-        conn.run_on(
-            &INSERT_COMPLETED,
-            c.partition,
-            &[
-                arg(k.scope),
-                arg(k.key),
-                arg(c.token),
-                arg(c.fingerprint.as_deref()),
-                ts_arg(c.created_at),
-                payload.map(|d| d.datum()),
-            ],
-            Snap::Statement,
-        );
+        insert(conn, &INSERT_COMPLETED, k, c, &[payload.map(|d| d.datum())]);
         c.written_in = Some(sub);
         true
     })
