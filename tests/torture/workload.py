@@ -419,6 +419,7 @@ class Consumer(threading.Thread):
         self.generation = 1
         self.acked_next = 0           # next offset after the last acknowledged commit
         self.in_doubt_next = None     # the offset a COMMIT in doubt would have stored
+        self.in_doubt_key = None      # the key whose held claim that COMMIT would have completed (2tx)
         self.held = {}                # key -> token of a committed claim not yet completed (2tx)
         self.C = run.counters
 
@@ -495,7 +496,12 @@ class Consumer(threading.Thread):
                                 f"{sorted(allowed)} (acknowledged {self.acked_next})")
         if stored > self.acked_next:
             self.acked_next = stored  # the commit in doubt did commit
+            # ... and with it the completion: the token is no longer held (a later redelivery of
+            # the key must claim, not complete with a settled token).
+            if self.in_doubt_key is not None:
+                self.held.pop(self.in_doubt_key, None)
         self.in_doubt_next = None
+        self.in_doubt_key = None
         return stored
 
     # -------------------------------------------------------------------------------------------
@@ -515,7 +521,7 @@ class Consumer(threading.Thread):
                 raise ConnectionLost(str(e)) from e
             raise
 
-    def _commit(self, next_offset=None):
+    def _commit(self, next_offset=None, completes=None):
         try:
             self.conn.execute("COMMIT")
         except psycopg.Error as e:
@@ -524,6 +530,7 @@ class Consumer(threading.Thread):
                     self.run_.clog.in_doubt += 1
                 if next_offset is not None:
                     self.in_doubt_next = next_offset
+                    self.in_doubt_key = completes
                 raise ConnectionLost(str(e)) from e
             raise
         self.C.add("commits")
@@ -722,7 +729,7 @@ class Consumer(threading.Thread):
                 self._maybe_abort("after complete")
                 self._record_offset(e)
                 self._maybe_abort("before commit")
-                self._commit(e.off + 1)
+                self._commit(e.off + 1, completes=e.key)
                 self.held.pop(e.key, None)
                 self.run_.clog.add("applied", (e.key, token, self.idx))
                 return True
