@@ -178,7 +178,7 @@ static DROP_LOCK_TIMEOUT: Int = Int {
 static FILTER_MEMORY: Int = Int {
     name: c"idempotency.filter_memory",
     short: c"Most space all membership filters of sealed partitions may take together.",
-    long: c"A sealed partition gets a filter (about 1.25 bytes a key) while the filters' total stays under this; beyond it, partitions are sealed without one and claims probe their index (logged once). Filters live in idempotency.filter_chunks, read through shared buffers.",
+    long: c"A sealed partition gets a filter (about 1.9 bytes a key) while the filters' total stays under this; beyond it, partitions are sealed without one and claims probe their index (logged once). Filters live in idempotency.filter_chunks, read through shared buffers.",
     value: GucSetting::<i32>::new(256 * 1024),
     min: 0,
     max: i32::MAX,
@@ -188,7 +188,7 @@ static FILTER_MEMORY: Int = Int {
 static FILTER_CACHE: Int = Int {
     name: c"idempotency.filter_cache",
     short: c"Memory a backend may use for copies of the sealed partitions' filters.",
-    long: c"A claim reads a filter's block from the backend's copy instead of a shared buffer while the copies fit (about 1.25 bytes a retained key); past it, from shared buffers. 0 turns the copies off.",
+    long: c"A claim reads a filter's block from the backend's copy instead of a shared buffer while the copies fit (about 1.9 bytes a retained key); past it, from shared buffers. 0 turns the copies off.",
     value: GucSetting::<i32>::new(8 * 1024),
     min: 0,
     max: i32::MAX,

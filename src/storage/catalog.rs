@@ -20,6 +20,7 @@ pub enum Invalidated {
 thread_local! {
     static RECORDS_OID: Cell<pg_sys::Oid> = const { Cell::new(pg_sys::InvalidOid) };
     static RECORDS_OWNER: Cell<pg_sys::Oid> = const { Cell::new(pg_sys::InvalidOid) };
+    static TOKEN_SEQ_OID: Cell<pg_sys::Oid> = const { Cell::new(pg_sys::InvalidOid) };
     static LISTENERS: Cell<&'static [fn(Invalidated)]> = const { Cell::new(&[]) };
 }
 
@@ -43,6 +44,7 @@ unsafe extern "C-unwind" fn forget(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
     let what = if relid == pg_sys::InvalidOid || records == pg_sys::InvalidOid || relid == records {
         RECORDS_OID.with(|r| r.set(pg_sys::InvalidOid));
         RECORDS_OWNER.with(|r| r.set(pg_sys::InvalidOid));
+        TOKEN_SEQ_OID.with(|r| r.set(pg_sys::InvalidOid));
         Invalidated::RecordTable
     } else {
         Invalidated::Relation(relid)
@@ -68,6 +70,26 @@ pub fn records_oid() -> pg_sys::Oid {
         panic!("idempotency.records does not exist");
     }
     RECORDS_OID.with(|r| r.set(oid));
+    oid
+}
+
+/// The oid of `idempotency.token_seq`, forgotten with the record table's (they come and go together
+/// with the extension).
+pub fn token_seq_oid() -> pg_sys::Oid {
+    let cached = TOKEN_SEQ_OID.with(|r| r.get());
+    if cached != pg_sys::InvalidOid {
+        return cached;
+    }
+    records_oid();
+    // SAFETY: catalog lookups by name with C string constants, as in `records_oid`.
+    let oid = unsafe {
+        let schema = pg_sys::get_namespace_oid(c"idempotency".as_ptr(), false);
+        pg_sys::get_relname_relid(c"token_seq".as_ptr(), schema)
+    };
+    if oid == pg_sys::InvalidOid {
+        panic!("idempotency.token_seq does not exist");
+    }
+    TOKEN_SEQ_OID.with(|r| r.set(oid));
     oid
 }
 

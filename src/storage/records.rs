@@ -4,6 +4,7 @@
 //! latest snapshot, so the read sees what the previous lock holder committed. Under REPEATABLE
 //! READ and SERIALIZABLE a record the transaction's own snapshot cannot see means a concurrent
 //! transaction got there first: that is a serialization failure, never a second claim.
+use super::catalog;
 use super::deferred;
 use super::decide::{self, Answer, ClaimDecision, FailDecision, Lease, NotHeld, State};
 use super::document::{Document, Documents};
@@ -16,6 +17,7 @@ use crate::errors;
 use crate::gucs;
 use crate::stats::{self, Counter};
 use pgrx::pg_sys;
+use pgrx::fcinfo::{direct_function_call, direct_function_call_as_datum};
 use pgrx::prelude::*;
 use std::collections::HashMap;
 
@@ -27,11 +29,6 @@ const T_JSONB: pg_sys::Oid = pg_sys::JSONBOID;
 const T_JSONB_ARRAY: pg_sys::Oid = pg_sys::JSONBARRAYOID;
 const T_TS: pg_sys::Oid = pg_sys::TIMESTAMPTZOID;
 
-// The token and lease of a new key's claim, whose row is written later (see `deferred`).
-static NEW_LEASE: Stmt = Stmt {
-    sql: "SELECT nextval('idempotency.token_seq'), clock_timestamp(), clock_timestamp() + $1",
-    args: &[T_IVL],
-};
 static INSERT_ONCE: Stmt = Stmt {
     sql: "INSERT INTO {partition} (scope, key, status, attempts, created_at, updated_at)
           VALUES ($1, $2, 'completed', 1, $3, now())",
@@ -353,13 +350,31 @@ fn claim_one(k: Key, ttl: Interval, fingerprint: Option<&str>, wait: bool) -> Cl
     }
     // A new key: its row is written once its fate is known (see `deferred`), where it would go now.
     let (partition, created_at) = partitions::insert_target(&conn, xact::start_time());
-    let rows = conn.run(&NEW_LEASE, &[arg(ttl)], Snap::Statement);
-    let token: i64 = rows.get(0, 1).expect("token");
-    let claimed_at = rows.get_ts(0, 2).expect("clock");
-    let expires_at = rows.get_ts(0, 3).expect("lease end");
+    let (token, claimed_at, expires_at) = new_lease(ttl);
     deferred::defer(k, token, fingerprint, partition, created_at, claimed_at, expires_at);
     stats::count(k.scope, Counter::ClaimedNew);
     Claim::claimed(Some(token), Some(1), Some(expires_at))
+}
+
+/// The token and lease of a new key's claim, whose row is written later (see `deferred`): what
+/// `SELECT nextval('idempotency.token_seq'), clock_timestamp(), clock_timestamp() + ttl` would
+/// answer, by the same functions, without an SPI statement and its executor.
+fn new_lease(ttl: Interval) -> (i64, pg_sys::TimestampTz, pg_sys::TimestampTz) {
+    let seq = catalog::token_seq_oid();
+    let claimed_at = xact::clock();
+    // SAFETY: PostgreSQL's own SQL-callable functions, called with arguments of their types; their
+    // ERRORs (permission denied, sequence exhausted, timestamp out of range) propagate as raised.
+    let (token, end) = unsafe {
+        (
+            direct_function_call::<i64>(|f| pg_sys::nextval_oid(f), &[seq.into_datum()]),
+            direct_function_call_as_datum(
+                |f| pg_sys::timestamptz_pl_interval(f),
+                &[Some(pg_sys::Datum::from(claimed_at)), ttl.into_datum()],
+            ),
+        )
+    };
+    let end = end.expect("lease end").value() as pg_sys::TimestampTz;
+    (token.expect("token"), claimed_at, end)
 }
 
 /// The claim of a key that has a record: does what [`decide::claim`] says. `lock` is the key's
