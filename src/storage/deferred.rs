@@ -16,7 +16,9 @@
 //! made after it, and makes a row written after it (which the rollback removed) unwritten again.
 //! A statement of this transaction that reads the storage with SQL (a view, `idem_metrics()`, a
 //! DBA's SELECT) first writes the remembered claims, so that it sees them as it would have.
+use super::direct;
 use super::records::Key;
+use super::xact;
 use super::spi::{self, arg, ts_arg, Conn, Snap, Stmt};
 use crate::storage::Document;
 use pgrx::pg_sys;
@@ -95,17 +97,45 @@ pub fn defer(
     CLAIMS.with_borrow_mut(|claims| claims.insert(id(k), claim));
 }
 
-/// Inserts the claim's row with `stmt`, whose `$1` to `$5` are scope, key, token, fingerprint and
-/// `created_at`, and whose further parameters are `rest`.
-fn insert(conn: &Conn, stmt: &'static Stmt, k: Key, c: &Deferred, rest: &[Option<pg_sys::Datum>]) {
+/// Inserts the claim's row: `pending` with its lease, or `completed` with `payload` (the update of
+/// the pending row would have left that). `stmt` is the same insert through SPI, whose `$1` to `$5`
+/// are scope, key, token, fingerprint and `created_at`, and whose further parameters are `rest`.
+fn insert(conn: &Conn, k: Key, c: &Deferred, completed: Option<Option<&Document>>) {
+    let (status, payload, updated_at, expires_at) = match completed {
+        None => ("pending", None, c.claimed_at, Some(c.expires_at)),
+        Some(payload) => ("completed", payload.map(|d| d.datum()), xact::clock(), None),
+    };
+    let row = direct::Row {
+        scope: k.scope,
+        key: k.key,
+        status,
+        token: Some(c.token),
+        attempts: 1,
+        fingerprint: c.fingerprint.as_deref(),
+        payload,
+        created_at: c.created_at,
+        updated_at,
+        expires_at,
+    };
+    if direct::insert(c.partition, &row) {
+        return;
+    }
     let mut args =
         vec![arg(k.scope), arg(k.key), arg(c.token), arg(c.fingerprint.as_deref()), ts_arg(c.created_at)];
-    args.extend_from_slice(rest);
-    conn.run_on(stmt, c.partition, &args, Snap::Statement);
+    match completed {
+        None => {
+            args.extend([ts_arg(c.claimed_at), ts_arg(c.expires_at)]);
+            conn.run_on(&INSERT_PENDING, c.partition, &args, Snap::Statement);
+        }
+        Some(_) => {
+            args.push(payload);
+            conn.run_on(&INSERT_COMPLETED, c.partition, &args, Snap::Statement);
+        }
+    }
 }
 
 fn insert_pending(conn: &Conn, k: Key, c: &Deferred) {
-    insert(conn, &INSERT_PENDING, k, c, &[ts_arg(c.claimed_at), ts_arg(c.expires_at)]);
+    insert(conn, k, c, None);
 }
 
 /// Writes the key's claim as `pending` if it is remembered and unwritten: from here on the key has
@@ -156,7 +186,7 @@ pub fn complete(conn: &Conn, k: Key, payload: Option<&Document>, token: Option<i
         if c.written_in.is_some() || token.is_some_and(|t| t != c.token) {
             return false;
         }
-        insert(conn, &INSERT_COMPLETED, k, c, &[payload.map(|d| d.datum())]);
+        insert(conn, k, c, Some(payload));
         c.written_in = Some(sub);
         true
     })

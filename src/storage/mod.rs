@@ -5,13 +5,14 @@
 //!   `admin`: redrive and forget keys by hand; `deferred`: a new key's claim written once, when its fate is known;
 //! - `offsets`: broker positions; `maintenance`: one retention round; `partitions`: time
 //!   partitions and their indexes; `partman`: the handover to pg_partman;
-//! - `probe`: index lookups without the executor; `spi`: saved plans; `owner`: running as the table's owner;
+//! - `probe`: index lookups without the executor; `direct`: row inserts without it; `spi`: saved plans; `owner`: running as the table's owner;
 //!   `filters`: sealed partitions and their membership filters; `keylock`: the per-key lock; `catalog`: cached catalog facts; `xact`: transaction facts;
 //!   `document`: jsonb payloads passed through.
 mod admin;
 mod catalog;
 mod decide;
 mod deferred;
+mod direct;
 mod document;
 mod filters;
 mod keylock;
@@ -42,5 +43,5 @@ pub use xact::start_time as transaction_start;
 /// Process start: the relcache callback that keeps the cached catalog facts true.
 pub fn init() {
     deferred::init();
-    catalog::init(&[probe::forget_layouts, partitions::forget_coverage, filters::forget]);
+    catalog::init(&[probe::forget_layouts, direct::forget_layouts, partitions::forget_coverage, filters::forget]);
 }

@@ -6,6 +6,7 @@
 //! transaction got there first: that is a serialization failure, never a second claim.
 use super::catalog;
 use super::deferred;
+use super::direct;
 use super::decide::{self, Answer, ClaimDecision, FailDecision, Lease, NotHeld, State};
 use super::document::{Document, Documents};
 use super::keylock::{self, KeyLock};
@@ -569,9 +570,23 @@ pub fn once(k: Key) -> bool {
         lock.release_if_only_read();
         return false;
     }
-    let (partition, created_at) = new_rows_go(&conn);
-    let [scope, key] = k.args();
-    conn.run_on(&INSERT_ONCE, partition, &[scope, key, created_at], Snap::Statement);
+    let (partition, created_at) = partitions::insert_target(&conn, xact::start_time());
+    let row = direct::Row {
+        scope: k.scope,
+        key: k.key,
+        status: "completed",
+        token: None,
+        attempts: 1,
+        fingerprint: None,
+        payload: None,
+        created_at,
+        updated_at: xact::start_time(),
+        expires_at: None,
+    };
+    if !direct::insert(partition, &row) {
+        let [scope, key] = k.args();
+        conn.run_on(&INSERT_ONCE, partition, &[scope, key, ts_arg(created_at)], Snap::Statement);
+    }
     stats::count(k.scope, Counter::Claims);
     stats::count(k.scope, Counter::ClaimedNew);
     true

@@ -1,0 +1,147 @@
+//! A new record's row inserted with the table and index access methods, as COPY FROM does, instead of
+//! an SPI `INSERT`: that statement's executor (plan revalidation, node and expression setup, the
+//! partition check, teardown) cost more than the insert itself. The row goes into the partition the
+//! caller chose and locked (`partitions::insert_target`), whose range holds its `created_at`.
+//!
+//! The executor's other duties are kept or avoided: `heap_insert` takes the same SERIALIZABLE
+//! conflict checks, WAL and statistics; `ExecInsertIndexTuples` fills every index of the partition,
+//! expression and partial ones included, and raises a unique violation as the INSERT would. A
+//! partition with triggers, CHECK constraints, generated columns or row security (a DBA's additions)
+//! is left to the SPI statement: [`insert`] then answers false.
+use super::catalog::Invalidated;
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use std::cell::RefCell;
+use std::collections::HashMap;
+
+/// A record's columns, in the order of [`COLUMN_NAMES`].
+pub struct Row<'a> {
+    pub scope: &'a str,
+    pub key: &'a str,
+    pub status: &'static str,
+    pub token: Option<i64>,
+    pub attempts: i32,
+    pub fingerprint: Option<&'a str>,
+    pub payload: Option<pg_sys::Datum>,
+    pub created_at: pg_sys::TimestampTz,
+    pub updated_at: pg_sys::TimestampTz,
+    pub expires_at: Option<pg_sys::TimestampTz>,
+}
+
+const COLUMN_NAMES: [&std::ffi::CStr; 10] = [
+    c"scope",
+    c"key",
+    c"status",
+    c"token",
+    c"attempts",
+    c"fingerprint",
+    c"payload",
+    c"created_at",
+    c"updated_at",
+    c"expires_at",
+];
+
+/// What a backend knows about a partition: where each record column is (a partition attached by a
+/// DBA may order its columns differently), or None when inserts there need the executor.
+type Layout = Option<[usize; 10]>;
+
+thread_local! {
+    static LAYOUTS: RefCell<HashMap<pg_sys::Oid, Layout>> = RefCell::new(HashMap::new());
+}
+
+/// Forgets what was learned from a relation whose relcache entry was invalidated (a trigger or
+/// constraint added, a column dropped, the partition dropped), or from all of them.
+pub fn forget_layouts(what: Invalidated) {
+    LAYOUTS.with_borrow_mut(|l| match what {
+        Invalidated::RecordTable => l.clear(),
+        Invalidated::Relation(relid) => {
+            l.remove(&relid);
+        }
+    });
+}
+
+/// # Safety
+/// `rel` is an open relation.
+unsafe fn layout(rel: pg_sys::Relation) -> Layout {
+    let relid = (*rel).rd_id;
+    if let Some(found) = LAYOUTS.with_borrow(|l| l.get(&relid).copied()) {
+        return found;
+    }
+    let form = (*rel).rd_rel;
+    let constr = (*(*rel).rd_att).constr;
+    let plain = (*form).relkind as u8 == pg_sys::RELKIND_RELATION
+        && (*rel).trigdesc.is_null()
+        && !(*form).relrowsecurity
+        && (constr.is_null() || ((*constr).num_check == 0 && !(*constr).has_generated_stored));
+    let mut columns = [0usize; 10];
+    let mut found = plain;
+    for (slot, name) in columns.iter_mut().zip(COLUMN_NAMES) {
+        let attnum = pg_sys::SPI_fnumber((*rel).rd_att, name.as_ptr());
+        if attnum <= 0 {
+            found = false;
+            break;
+        }
+        *slot = attnum as usize - 1;
+    }
+    let layout = found.then_some(columns);
+    LAYOUTS.with_borrow_mut(|l| l.insert(relid, layout));
+    layout
+}
+
+/// Inserts `row` into `partition` and returns true, or returns false (nothing done) when the
+/// partition needs the executor's INSERT (see the module's comment). The caller holds the key's
+/// lock and has locked the partition (RowExclusiveLock), whose range holds `row.created_at`.
+pub fn insert(partition: pg_sys::Oid, row: &Row) -> bool {
+    // SAFETY: the partition is locked by the caller, so it stays as opened; the slot, executor state
+    // and result relation are made here for this insert and released before returning (an ERROR in
+    // between leaves them to the (sub)transaction's memory and resource cleanup); every datum stored
+    // in the slot is of its column's type and lives in the current memory context until then.
+    unsafe {
+        let rel = pg_sys::table_open(partition, pg_sys::RowExclusiveLock as i32);
+        let Some(columns) = layout(rel) else {
+            pg_sys::table_close(rel, pg_sys::NoLock as i32);
+            return false;
+        };
+        let slot = pg_sys::table_slot_create(rel, std::ptr::null_mut());
+        pg_sys::ExecClearTuple(slot);
+        let natts = (*(*slot).tts_tupleDescriptor).natts as usize;
+        let values = std::slice::from_raw_parts_mut((*slot).tts_values, natts);
+        let nulls = std::slice::from_raw_parts_mut((*slot).tts_isnull, natts);
+        nulls.fill(true);
+        let datums: [Option<pg_sys::Datum>; 10] = [
+            row.scope.into_datum(),
+            row.key.into_datum(),
+            row.status.into_datum(),
+            row.token.into_datum(),
+            row.attempts.into_datum(),
+            row.fingerprint.into_datum(),
+            row.payload,
+            Some(pg_sys::Datum::from(row.created_at)),
+            Some(pg_sys::Datum::from(row.updated_at)),
+            row.expires_at.map(pg_sys::Datum::from),
+        ];
+        for (at, datum) in columns.iter().zip(datums) {
+            if let Some(d) = datum {
+                values[*at] = d;
+                nulls[*at] = false;
+            }
+        }
+        pg_sys::ExecStoreVirtualTuple(slot);
+
+        let estate = pg_sys::CreateExecutorState();
+        let result = pg_sys::palloc0(std::mem::size_of::<pg_sys::ResultRelInfo>()) as *mut pg_sys::ResultRelInfo;
+        pg_sys::InitResultRelInfo(result, rel, 1, std::ptr::null_mut(), 0);
+        pg_sys::ExecOpenIndices(result, false);
+        pg_sys::simple_table_tuple_insert(rel, slot);
+        if (*result).ri_NumIndices > 0 {
+            pg_sys::ExecInsertIndexTuples(result, slot, estate, false, false, std::ptr::null_mut(), std::ptr::null_mut());
+        }
+        pg_sys::ExecCloseIndices(result);
+        pg_sys::FreeExecutorState(estate);
+        pg_sys::ExecDropSingleTupleTableSlot(slot);
+        pg_sys::table_close(rel, pg_sys::NoLock as i32);
+        // As after an SPI INSERT: later commands of this transaction see the row.
+        pg_sys::CommandCounterIncrement();
+    }
+    true
+}

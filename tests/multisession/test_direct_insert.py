@@ -1,0 +1,119 @@
+"""New records are inserted without the executor (src/storage/direct.rs): every index of the partition
+gets its entry, a DBA's unique index still raises 23505, and a partition with triggers or CHECK
+constraints gets the SPI INSERT, which fires and checks them. Each test works in a database of its own,
+so that its triggers and indexes on the current partition reach no other test.
+"""
+import uuid
+
+import psycopg
+import pytest
+
+
+@pytest.fixture
+def db(cluster):
+    name = f"idem_direct_{uuid.uuid4().hex[:8]}"
+    with cluster.connect(dbname="postgres") as admin:
+        admin.execute(f"CREATE DATABASE {name}")
+    try:
+        with cluster.connect(dbname=name) as c:
+            c.execute("CREATE EXTENSION idempotency")
+            c.execute("SELECT FROM idem_maintenance()")
+        yield name
+    finally:
+        with cluster.connect(dbname="postgres") as admin:
+            admin.execute(f"DROP DATABASE {name} WITH (FORCE)")
+
+
+def current_partition(c):
+    """The partition that takes today's new rows."""
+    return c.execute("""
+        SELECT format('%I.%I', n.nspname, k.relname)
+          FROM pg_inherits i JOIN pg_class k ON k.oid = i.inhrelid JOIN pg_namespace n ON n.oid = k.relnamespace
+         WHERE i.inhparent = 'idempotency.records'::regclass
+           AND now() >= (regexp_match(pg_get_expr(k.relpartbound, k.oid), 'FROM \\(''([^'']+)''\\)'))[1]::timestamptz
+           AND now() <  (regexp_match(pg_get_expr(k.relpartbound, k.oid), 'TO \\(''([^'']+)''\\)'))[1]::timestamptz
+    """).fetchone()[0]
+
+
+def write_three(c, prefix):
+    """One record of each kind of insert: idem_once, claim + complete (one row), a committed claim."""
+    assert c.execute("SELECT idem_once(%s)", (f"{prefix}1",)).fetchone()[0] is True
+    c.execute("BEGIN")
+    c.execute("SELECT idem_claim(%s)", (f"{prefix}2",))
+    c.execute("SELECT idem_complete(%s, '{\"ok\": true}')", (f"{prefix}2",))
+    c.execute("COMMIT")
+    c.execute("BEGIN")
+    c.execute("SELECT idem_claim(%s, fingerprint => %s)", (f"{prefix}3", f"fp-{prefix}"))
+    c.execute("COMMIT")
+
+
+def test_every_index_of_the_partition_gets_the_new_rows(cluster, db, report):
+    with cluster.connect(dbname=db) as c:
+        part = current_partition(c)
+        c.execute(f"CREATE INDEX direct_lower_key ON {part} (lower(key)) WHERE status = 'completed'")
+        c.execute(f"CREATE INDEX direct_fingerprint ON {part} (fingerprint)")
+        write_three(c, "K")
+        # amcheck: every heap tuple of the partition has its entry in every btree index.
+        c.execute("CREATE EXTENSION amcheck")
+        checked = c.execute("""
+            SELECT count(bt_index_check(i.indexrelid, heapallindexed => true))
+              FROM pg_index i WHERE i.indrelid = %s::regclass
+        """, (part,)).fetchone()[0]
+        assert checked == 4, f"expected 4 indexes on {part}, checked {checked}"
+        c.execute("SET enable_seqscan = off")
+        c.execute("SET enable_bitmapscan = off")
+        got = c.execute(f"SELECT key FROM {part} WHERE lower(key) IN ('k1', 'k2', 'k3') AND status = 'completed' "
+                        "ORDER BY key").fetchall()
+        assert got == [("K1",), ("K2",)], got
+        plan = "\n".join(r[0] for r in c.execute(
+            f"EXPLAIN SELECT key FROM {part} WHERE lower(key) = 'k1' AND status = 'completed'").fetchall())
+        assert "direct_lower_key" in plan, plan
+        assert c.execute(f"SELECT key FROM {part} WHERE fingerprint = 'fp-K'").fetchall() == [("K3",)]
+        report(f"{checked} indexes of {part} verified with bt_index_check(heapallindexed)")
+
+
+def test_a_unique_index_of_a_dba_raises_its_own_error(cluster, db):
+    with cluster.connect(dbname=db) as c:
+        part = current_partition(c)
+        c.execute(f"CREATE UNIQUE INDEX direct_unique_fp ON {part} (fingerprint)")
+        c.execute("BEGIN")
+        c.execute("SELECT idem_claim('u1', fingerprint => 'same')")
+        c.execute("COMMIT")
+        c.execute("BEGIN")
+        c.execute("SELECT idem_claim('u2', fingerprint => 'same')")
+        with pytest.raises(psycopg.errors.UniqueViolation) as e:
+            c.execute("COMMIT")
+        assert "direct_unique_fp" in str(e.value)
+        assert c.execute("SELECT count(*) FROM idempotency.records WHERE key = 'u2'").fetchone()[0] == 0
+
+
+def test_triggers_and_check_constraints_get_the_insert_statement(cluster, db, report):
+    with cluster.connect(dbname=db) as c, cluster.connect(dbname=db) as dba:
+        part = current_partition(c)
+        write_three(c, "a")  # the direct path, remembered for this partition
+        dba.execute("CREATE TABLE audit (key text, status text)")
+        dba.execute("""
+            CREATE FUNCTION audit_row() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN INSERT INTO public.audit VALUES (NEW.key, NEW.status); RETURN NEW; END $$""")
+        dba.execute(f"CREATE TRIGGER audit_row AFTER INSERT ON {part} FOR EACH ROW EXECUTE FUNCTION audit_row()")
+        write_three(c, "b")
+        assert c.execute("SELECT key, status FROM audit ORDER BY key").fetchall() == \
+            [("b1", "completed"), ("b2", "completed"), ("b3", "pending")]
+
+        dba.execute(f"ALTER TABLE {part} ADD CONSTRAINT no_forbidden CHECK (key <> 'forbidden')")
+        with pytest.raises(psycopg.errors.CheckViolation):
+            c.execute("SELECT idem_once('forbidden')")
+        c.execute("BEGIN")
+        c.execute("SELECT idem_claim('forbidden')")
+        with pytest.raises(psycopg.errors.CheckViolation):
+            c.execute("SELECT idem_complete('forbidden')")
+        c.execute("ROLLBACK")
+        assert c.execute("SELECT count(*) FROM idempotency.records WHERE key = 'forbidden'").fetchone()[0] == 0
+
+        # Both gone: back to the direct path, which fires nothing.
+        dba.execute(f"DROP TRIGGER audit_row ON {part}")
+        dba.execute(f"ALTER TABLE {part} DROP CONSTRAINT no_forbidden")
+        write_three(c, "c")
+        assert c.execute("SELECT count(*) FROM audit").fetchone()[0] == 3
+        assert c.execute("SELECT count(*) FROM idempotency.records WHERE key IN ('c1', 'c2', 'c3')").fetchone()[0] == 3
+        report("trigger fired for 3 of 3 inserts while it existed, CHECK raised 23514 for idem_once and idem_complete")
