@@ -1,5 +1,5 @@
-//! Storage: the record table behind the API, written through SPI with saved plans and read by
-//! direct index probes. Only the operations re-exported here are visible to the rest of the crate.
+//! Storage: the record table behind the API: new rows inserted with the access methods, other
+//! writes through SPI with saved plans, reads by direct index probes. Only the operations re-exported here are visible to the rest of the crate.
 //!
 //! - `decide`: what a call does to one key (pure, unit-tested); `records`: reads and writes keys;
 //!   `admin`: redrive and forget keys by hand; `deferred`: a new key's claim written once, when its fate is known;
