@@ -56,40 +56,31 @@ unsafe extern "C-unwind" fn forget(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
 
 /// The oid of `idempotency.records`, remembered until its relcache entry is invalidated.
 pub fn records_oid() -> pg_sys::Oid {
-    let cached = RECORDS_OID.with(|r| r.get());
-    if cached != pg_sys::InvalidOid {
-        return cached;
-    }
-    // SAFETY: catalog lookups by name with C string constants; `missing_ok = false` makes a
-    // missing schema an ERROR, which pgrx turns into an unwind.
-    let oid = unsafe {
-        let schema = pg_sys::get_namespace_oid(c"idempotency".as_ptr(), false);
-        pg_sys::get_relname_relid(c"records".as_ptr(), schema)
-    };
-    if oid == pg_sys::InvalidOid {
-        panic!("idempotency.records does not exist");
-    }
-    RECORDS_OID.with(|r| r.set(oid));
-    oid
+    remembered(&RECORDS_OID, c"records")
 }
 
 /// The oid of `idempotency.token_seq`, forgotten with the record table's (they come and go together
 /// with the extension).
 pub fn token_seq_oid() -> pg_sys::Oid {
-    let cached = TOKEN_SEQ_OID.with(|r| r.get());
+    remembered(&TOKEN_SEQ_OID, c"token_seq")
+}
+
+/// The oid of the relation `idempotency.<name>`, from `cache` or looked up (and kept there).
+fn remembered(cache: &'static std::thread::LocalKey<Cell<pg_sys::Oid>>, name: &std::ffi::CStr) -> pg_sys::Oid {
+    let cached = cache.with(|r| r.get());
     if cached != pg_sys::InvalidOid {
         return cached;
     }
-    records_oid();
-    // SAFETY: catalog lookups by name with C string constants, as in `records_oid`.
+    // SAFETY: catalog lookups by name with C strings alive across the calls; `missing_ok = false`
+    // makes a missing schema an ERROR, which pgrx turns into an unwind.
     let oid = unsafe {
         let schema = pg_sys::get_namespace_oid(c"idempotency".as_ptr(), false);
-        pg_sys::get_relname_relid(c"token_seq".as_ptr(), schema)
+        pg_sys::get_relname_relid(name.as_ptr(), schema)
     };
     if oid == pg_sys::InvalidOid {
-        panic!("idempotency.token_seq does not exist");
+        panic!("idempotency.{} does not exist", name.to_string_lossy());
     }
-    TOKEN_SEQ_OID.with(|r| r.set(oid));
+    cache.with(|r| r.set(oid));
     oid
 }
 
