@@ -201,20 +201,52 @@ pub fn sealed() -> Rc<Sealed> {
     known
 }
 
+/// `idempotency.filter_chunks` for the filter reads of one lookup: opened (AccessShareLock, kept to the
+/// end of the transaction, as a query would) only when bits must be read from it, so that a claim
+/// answered by the backend's copies alone never opens it.
+pub struct Chunks {
+    oid: pg_sys::Oid,
+    rel: pg_sys::Relation,
+}
+
+impl Chunks {
+    pub fn new(oid: pg_sys::Oid) -> Chunks {
+        Chunks { oid, rel: std::ptr::null_mut() }
+    }
+
+    /// # Safety
+    /// Inside a transaction; the relation stays open until [`Chunks::close`] or the transaction's end.
+    unsafe fn rel(&mut self) -> pg_sys::Relation {
+        if self.rel.is_null() {
+            self.rel = pg_sys::table_open(self.oid, pg_sys::AccessShareLock as i32);
+        }
+        self.rel
+    }
+
+    /// Closes the relation if it was opened (its lock stays to the end of the transaction).
+    pub fn close(&mut self) {
+        if !self.rel.is_null() {
+            // SAFETY: closes the relation `rel` opened, once (the pointer is cleared).
+            unsafe { pg_sys::table_close(self.rel, pg_sys::NoLock as i32) };
+            self.rel = std::ptr::null_mut();
+        }
+    }
+}
+
 impl Filter {
     /// Whether the partition may hold the key of this hash: false only when its filter says no.
     /// Anything unexpected (a chunk row gone or not the one listed) answers "maybe": the caller
     /// then probes the index, which is never wrong.
     ///
     /// # Safety
-    /// `chunks` is `idempotency.filter_chunks`, open and locked by the caller.
-    pub unsafe fn may_hold(&self, chunks: pg_sys::Relation, hash: u64) -> bool {
+    /// Inside a transaction; `chunks` stands for `idempotency.filter_chunks`.
+    pub unsafe fn may_hold(&self, chunks: &mut Chunks, hash: u64) -> bool {
         let block = block_of(hash, self.blocks);
         if let Some(maybe) = self.from_copy(chunks, block, hash) {
             return maybe;
         }
         let (chunk, offset) = (block / CHUNK_BLOCKS, (block % CHUNK_BLOCKS) * BLOCK_BYTES);
-        self.read_chunk(chunks, chunk, |data| {
+        self.read_chunk(chunks.rel(), chunk, |data| {
             data.get(offset..offset + BLOCK_BYTES).is_none_or(|bits| block_has(bits, hash))
         })
         .unwrap_or(true)
@@ -225,14 +257,14 @@ impl Filter {
     ///
     /// # Safety
     /// As for [`Filter::may_hold`].
-    unsafe fn from_copy(&self, chunks: pg_sys::Relation, block: usize, hash: u64) -> Option<bool> {
+    unsafe fn from_copy(&self, chunks: &mut Chunks, block: usize, hash: u64) -> Option<bool> {
         if matches!(*self.copy.borrow(), BitsCopy::Unread) {
             let size = self.blocks as usize * BLOCK_BYTES;
             let fits = COPIED.with(|c| c.get() + size <= gucs::filter_cache());
             let mut bits = Vec::with_capacity(if fits { size } else { 0 });
             let read = fits
                 && (0..self.chunks.len()).all(|chunk| {
-                    self.read_chunk(chunks, chunk, |data| bits.extend_from_slice(data)).is_some()
+                    self.read_chunk(chunks.rel(), chunk, |data| bits.extend_from_slice(data)).is_some()
                 });
             *self.copy.borrow_mut() = if read && bits.len() >= size {
                 COPIED.with(|c| c.set(c.get() + size));
@@ -251,7 +283,7 @@ impl Filter {
     /// row is gone or is not that chunk of this partition's filter (anything unexpected).
     ///
     /// # Safety
-    /// As for [`Filter::may_hold`].
+    /// `chunks` is `idempotency.filter_chunks`, open and locked.
     unsafe fn read_chunk<R>(&self, chunks: pg_sys::Relation, chunk: usize, read: impl FnOnce(&[u8]) -> R) -> Option<R> {
         let tid = self.chunks.get(chunk)?;
         let mut tuple = pg_sys::HeapTupleData { t_self: *tid, ..Default::default() };

@@ -131,9 +131,8 @@ pub struct Prober {
     scope_text: String,
     snapshot: pg_sys::Snapshot,
     parts: Vec<Part>,
-    /// `idempotency.filter_chunks`, opened at the first filter read.
-    chunks: pg_sys::Relation,
-    chunks_oid: pg_sys::Oid,
+    /// `idempotency.filter_chunks`, opened at the first read of a filter that has no copy.
+    chunks: filters::Chunks,
 }
 
 impl Prober {
@@ -165,8 +164,7 @@ impl Prober {
                 scope_text: scope.to_string(),
                 snapshot,
                 parts,
-                chunks: std::ptr::null_mut(),
-                chunks_oid: sealed.chunks_rel,
+                chunks: filters::Chunks::new(sealed.chunks_rel),
             }
         }
     }
@@ -179,13 +177,8 @@ impl Prober {
         for i in 0..self.parts.len() {
             if let Some(filter) = self.parts[i].filter.clone() {
                 let h = *hash.get_or_insert_with(|| keylock::hash_key(&self.scope_text, key));
-                // SAFETY: `filter_chunks` is opened (and locked) once and kept open until `drop`.
-                let maybe = unsafe {
-                    if self.chunks.is_null() {
-                        self.chunks = pg_sys::table_open(self.chunks_oid, pg_sys::AccessShareLock as i32);
-                    }
-                    filter.may_hold(self.chunks, h)
-                };
+                // SAFETY: inside the caller's transaction; `chunks` is closed in `drop`.
+                let maybe = unsafe { filter.may_hold(&mut self.chunks, h) };
                 if !maybe {
                     continue;
                 }
@@ -325,9 +318,7 @@ impl Drop for Prober {
                 pg_sys::index_close(part.index, pg_sys::NoLock as i32);
                 pg_sys::table_close(part.heap, pg_sys::NoLock as i32);
             }
-            if !self.chunks.is_null() {
-                pg_sys::table_close(self.chunks, pg_sys::NoLock as i32);
-            }
+            self.chunks.close();
             pg_sys::UnregisterSnapshot(self.snapshot);
         }
     }
