@@ -18,8 +18,8 @@
 //! DBA's SELECT) first writes the remembered claims, so that it sees them as it would have.
 use super::direct;
 use super::records::Key;
-use super::xact;
 use super::spi::{self, arg, ts_arg, Conn, Snap, Stmt};
+use super::xact;
 use crate::storage::Document;
 use pgrx::pg_sys;
 use std::cell::RefCell;
@@ -97,13 +97,21 @@ pub fn defer(
     CLAIMS.with_borrow_mut(|claims| claims.insert(id(k), claim));
 }
 
-/// Inserts the claim's row: `pending` with its lease, or `completed` with `payload` (the update of
-/// the pending row would have left that). `stmt` is the same insert through SPI, whose `$1` to `$5`
-/// are scope, key, token, fingerprint and `created_at`, and whose further parameters are `rest`.
-fn insert(conn: &Conn, k: Key, c: &Deferred, completed: Option<Option<&Document>>) {
-    let (status, payload, updated_at, expires_at) = match completed {
-        None => ("pending", None, c.claimed_at, Some(c.expires_at)),
-        Some(payload) => ("completed", payload.map(|d| d.datum()), xact::clock(), None),
+/// What a claim's row is written as.
+enum Fate<'a> {
+    /// Claimed and not completed: the lease of the two-transaction mode.
+    Pending,
+    /// Completed in the claiming transaction, with its payload: what the update of the pending row
+    /// would have left.
+    Completed(Option<&'a Document>),
+}
+
+/// Inserts the claim's row, directly (see `direct`) or, on a partition that needs the executor,
+/// with the same insert through SPI.
+fn insert(conn: &Conn, k: Key, c: &Deferred, fate: Fate) {
+    let (status, payload, updated_at, expires_at) = match fate {
+        Fate::Pending => ("pending", None, c.claimed_at, Some(c.expires_at)),
+        Fate::Completed(payload) => ("completed", payload.map(|d| d.datum()), xact::clock(), None),
     };
     let row = direct::Row {
         scope: k.scope,
@@ -122,20 +130,21 @@ fn insert(conn: &Conn, k: Key, c: &Deferred, completed: Option<Option<&Document>
     }
     let mut args =
         vec![arg(k.scope), arg(k.key), arg(c.token), arg(c.fingerprint.as_deref()), ts_arg(c.created_at)];
-    match completed {
-        None => {
+    let stmt = match fate {
+        Fate::Pending => {
             args.extend([ts_arg(c.claimed_at), ts_arg(c.expires_at)]);
-            conn.run_on(&INSERT_PENDING, c.partition, &args, Snap::Statement);
+            &INSERT_PENDING
         }
-        Some(_) => {
+        Fate::Completed(_) => {
             args.push(payload);
-            conn.run_on(&INSERT_COMPLETED, c.partition, &args, Snap::Statement);
+            &INSERT_COMPLETED
         }
-    }
+    };
+    conn.run_on(stmt, c.partition, &args, Snap::Statement);
 }
 
 fn insert_pending(conn: &Conn, k: Key, c: &Deferred) {
-    insert(conn, k, c, None);
+    insert(conn, k, c, Fate::Pending);
 }
 
 /// Writes the key's claim as `pending` if it is remembered and unwritten: from here on the key has
@@ -186,7 +195,7 @@ pub fn complete(conn: &Conn, k: Key, payload: Option<&Document>, token: Option<i
         if c.written_in.is_some() || token.is_some_and(|t| t != c.token) {
             return false;
         }
-        insert(conn, k, c, Some(payload));
+        insert(conn, k, c, Fate::Completed(payload));
         c.written_in = Some(sub);
         true
     })
