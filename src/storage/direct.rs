@@ -6,8 +6,8 @@
 //! The executor's other duties are kept or avoided: `heap_insert` takes the same SERIALIZABLE
 //! conflict checks, WAL and statistics; `ExecInsertIndexTuples` fills every index of the partition,
 //! expression and partial ones included, and raises a unique violation as the INSERT would. A
-//! partition with triggers, CHECK constraints, generated columns or row security (a DBA's additions)
-//! is left to the SPI statement: [`insert`] then answers false.
+//! partition with triggers, CHECK constraints, generated columns, row security or columns beyond the
+//! record's (a DBA's additions) is left to the SPI statement: [`insert`] then answers false.
 use super::catalog::Invalidated;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -73,10 +73,14 @@ unsafe fn layout(rel: pg_sys::Relation) -> Layout {
         && (*rel).trigdesc.is_null()
         && !(*form).relrowsecurity
         && (constr.is_null() || ((*constr).num_check == 0 && !(*constr).has_generated_stored));
+    // Every live column is a record column (`error`, always NULL here, is the eleventh): a column a
+    // DBA added to the record table may have a default, which only the executor's INSERT applies.
+    let desc = (*rel).rd_att;
+    let live = (*desc).attrs.as_slice((*desc).natts as usize).iter().filter(|a| !a.attisdropped).count();
     let mut columns = [0usize; 10];
-    let mut found = plain;
+    let mut found = plain && live == COLUMN_NAMES.len() + 1;
     for (slot, name) in columns.iter_mut().zip(COLUMN_NAMES) {
-        let attnum = pg_sys::SPI_fnumber((*rel).rd_att, name.as_ptr());
+        let attnum = pg_sys::SPI_fnumber(desc, name.as_ptr());
         if attnum <= 0 {
             found = false;
             break;

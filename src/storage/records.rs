@@ -420,7 +420,6 @@ fn claim_existing(
                 State::Pending(Lease::Released { .. }) => Counter::Retries,
                 _ => Counter::Takeovers,
             };
-            stats::count(k.scope, how);
             let [scope, key, tid] = rec.row_args(k);
             let rows = conn.run_on(
                 &TAKE_OVER,
@@ -429,6 +428,8 @@ fn claim_existing(
                 Snap::Statement,
             );
             expect_one(&rows, "take over");
+            // Counted once done: an update that raised (a serialization failure) answered nothing.
+            stats::count(k.scope, how);
             Claim::claimed(rows.get(0, 1), rows.get(0, 2), rows.get_ts(0, 3))
         }
     }
@@ -519,21 +520,23 @@ pub fn complete(k: Key, payload: Option<Document>, token: Option<i64>) {
 pub fn fail(k: Key, error: Option<Document>, retryable: bool, token: Option<i64>) -> &'static str {
     let conn = Conn::open();
     let rec = held(&conn, k, token);
-    stats::count(k.scope, Counter::Fails);
-    let (stmt, left) = match decide::fail(retryable, rec.attempts, gucs::max_attempts()) {
+    let decision = decide::fail(retryable, rec.attempts, gucs::max_attempts());
+    let (stmt, left) = match decision {
         FailDecision::Release => (&RELEASE, "released"),
-        FailDecision::MarkFailed => {
-            stats::count(k.scope, Counter::DeadLettered);
-            if retryable {
-                stats::count(k.scope, Counter::Poisoned);
-            }
-            (&MARK_FAILED, "failed")
-        }
+        FailDecision::MarkFailed => (&MARK_FAILED, "failed"),
     };
     let [scope, key, tid] = rec.row_args(k);
     let error = error.map(|d| d.datum());
     let rows = conn.run_on(stmt, rec.partition, &[scope, key, tid, error], Snap::Statement);
     expect_one(&rows, "fail");
+    // Counted once done, as every counter: a call that raised did nothing.
+    stats::count(k.scope, Counter::Fails);
+    if decision == FailDecision::MarkFailed {
+        stats::count(k.scope, Counter::DeadLettered);
+        if retryable {
+            stats::count(k.scope, Counter::Poisoned);
+        }
+    }
     left
 }
 

@@ -1,7 +1,8 @@
 """New records are inserted without the executor (src/storage/direct.rs): every index of the partition
-gets its entry, a DBA's unique index still raises 23505, and a partition with triggers or CHECK
-constraints gets the SPI INSERT, which fires and checks them. Each test works in a database of its own,
-so that its triggers and indexes on the current partition reach no other test.
+gets its entry, a DBA's unique index still raises 23505, and a partition with triggers, CHECK
+constraints or a column a DBA added gets the SPI INSERT, which fires, checks and fills them. Each test
+works in a database of its own, so that its triggers and indexes on the current partition reach no other
+test.
 """
 import uuid
 
@@ -117,3 +118,15 @@ def test_triggers_and_check_constraints_get_the_insert_statement(cluster, db, re
         assert c.execute("SELECT count(*) FROM audit").fetchone()[0] == 3
         assert c.execute("SELECT count(*) FROM idempotency.records WHERE key IN ('c1', 'c2', 'c3')").fetchone()[0] == 3
         report("trigger fired for 3 of 3 inserts while it existed, CHECK raised 23514 for idem_once and idem_complete")
+
+
+def test_a_column_added_by_a_dba_gets_its_default(cluster, db):
+    with cluster.connect(dbname=db) as c, cluster.connect(dbname=db) as dba:
+        write_three(c, "before")  # the direct path, remembered for this partition
+        dba.execute("ALTER TABLE idempotency.records ADD COLUMN tenant text DEFAULT 'acme'")
+        write_three(c, "with")
+        got = c.execute("SELECT key, tenant FROM idempotency.records WHERE key LIKE 'with%' ORDER BY key").fetchall()
+        assert got == [("with1", "acme"), ("with2", "acme"), ("with3", "acme")], got
+        dba.execute("ALTER TABLE idempotency.records DROP COLUMN tenant")
+        write_three(c, "after")
+        assert c.execute("SELECT count(*) FROM idempotency.records WHERE key LIKE 'after%'").fetchone()[0] == 3
