@@ -55,7 +55,11 @@ DECLARE
         'idem_status(text, text)',
         'idem_claim_batch(text[], interval, text)',
         'idem_complete_batch(text[], jsonb[], text, bigint[])',
-        'idem_once_batch(text[], text)'];
+        'idem_once_batch(text[], text)',
+        -- The admin's, so that a redrive or a forget through the coordinator reaches the key's worker too.
+        'idem_redrive(text, text)',
+        'idem_redrive_scope(text, timestamp with time zone, integer)',
+        'idem_forget(text, text)'];
     sig text;
     funcs regprocedure[] := '{}';
 BEGIN
@@ -160,7 +164,41 @@ END
 $$;
 REVOKE ALL ON FUNCTION idem_distribute(regclass) FROM PUBLIC;
 COMMENT ON FUNCTION idem_distribute(regclass) IS
-'On a Citus coordinator: delegates idem_claim, idem_complete, idem_fail, idem_heartbeat, idem_once, idem_status and the three batch forms by their scope argument, colocated with colocate_with (a table hash-distributed by a text or varchar tenant column), so each scope''s records live on the worker holding that tenant''s shard; the coordinator''s own record table then refuses rows (0A000). Returns the functions registered. Idempotent. 55000 outside Citus, off the coordinator, with records or shards on the coordinator, or when already delegated with another colocation group; 22023 for a table that is not hash-distributed by a text column.';
+'On a Citus coordinator: delegates idem_claim, idem_complete, idem_fail, idem_heartbeat, idem_once, idem_status, the three batch forms and the admin''s idem_redrive, idem_redrive_scope and idem_forget by their scope argument, colocated with colocate_with (a table hash-distributed by a text or varchar tenant column), so each scope''s records live on the worker holding that tenant''s shard; the coordinator''s own record table then refuses rows (0A000). Returns the functions registered. Idempotent. 55000 outside Citus, off the coordinator, with records or shards on the coordinator, or when already delegated with another colocation group; 22023 for a table that is not hash-distributed by a text column.';
+
+-- The target's half of idem_move_records: writes the records it is sent (keys it has already are kept as
+-- they are) and raises the token sequence above their tokens, so fencing goes on. A record whose time falls
+-- in a sealed partition gets the end of the newest sealed range as its time instead, as a late writer's row
+-- does: a sealed partition's filter knows only the keys it held when sealed, so a row added to it later
+-- would never be found. Returns how many records were written.
+CREATE FUNCTION idempotency.adopt_records(records json) RETURNS bigint
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    sealed_to timestamptz;
+    written bigint;
+BEGIN
+    -- A seal holds SHARE on its partition until it commits. ROW EXCLUSIVE on every partition (what a claim
+    -- takes on one) waits for a seal under way and keeps new ones out until this transaction ends, so that
+    -- sealed_to stays true for the rows written below; claims go on meanwhile.
+    LOCK TABLE idempotency.records IN ROW EXCLUSIVE MODE;
+    SELECT max(s.range_to) INTO sealed_to FROM idempotency.sealed s;
+    PERFORM pg_catalog.setval('idempotency.token_seq',
+                              greatest((SELECT q.last_value FROM idempotency.token_seq q),
+                                       (SELECT max(r.token) FROM json_populate_recordset(NULL::idempotency.records, records) r),
+                                       1));
+    INSERT INTO idempotency.records
+           (scope, key, status, token, attempts, fingerprint, payload, error, created_at, updated_at, expires_at)
+    SELECT r.scope, r.key, r.status, r.token, r.attempts, r.fingerprint, r.payload, r.error,
+           greatest(r.created_at, sealed_to), r.updated_at, r.expires_at
+      FROM json_populate_recordset(NULL::idempotency.records, records) r
+     WHERE NOT EXISTS (SELECT FROM idempotency.records t WHERE t.scope = r.scope AND t.key = r.key);
+    GET DIAGNOSTICS written = ROW_COUNT;
+    RETURN written;
+END
+$$;
+REVOKE ALL ON FUNCTION idempotency.adopt_records(json) FROM PUBLIC;
+COMMENT ON FUNCTION idempotency.adopt_records(json) IS
+'The target worker''s half of idem_move_records: writes the records given as a JSON array (keeping the keys it has), a record of a sealed range at the end of the newest sealed partition, and raises the token sequence above their tokens; returns how many it wrote.';
 
 -- After citus_move_shard_placement moved a shard of the colocation group, the records of the scopes that
 -- hash into that shard are still on the source worker (they are in its local record table, which the move
@@ -234,18 +272,16 @@ BEGIN
     EXECUTE 'SELECT success, result FROM pg_catalog.master_run_on_worker(ARRAY[$1], ARRAY[$2], ARRAY[$3], false)'
        INTO ok, res USING target_node_name, target_node_port, pg_catalog.format($cmd$
         WITH j AS (SELECT * FROM json_populate_recordset(NULL::idempotency.records, %L::json)),
-             parts AS (SELECT idempotency.premake_partitions(t) FROM (SELECT DISTINCT date_trunc('hour', created_at) t FROM j) d),
-             seq AS (SELECT setval('idempotency.token_seq', greatest((SELECT last_value FROM idempotency.token_seq),
-                                                                   (SELECT max(token) FROM j), 1)))
-        SELECT (SELECT count(*) FROM parts) + (SELECT count(*) FROM seq)$cmd$, doc);
+             parts AS (SELECT idempotency.premake_partitions(t)
+                         FROM (SELECT DISTINCT date_trunc('hour', greatest(created_at, (SELECT max(range_to) FROM idempotency.sealed))) t
+                                 FROM j) d)
+        SELECT count(*) FROM parts$cmd$, doc);
     IF NOT ok THEN
         RAISE EXCEPTION 'preparing %:% failed: %', target_node_name, target_node_port, res USING ERRCODE = 'connection_failure';
     END IF;
     EXECUTE 'SELECT success, result FROM pg_catalog.master_run_on_worker(ARRAY[$1], ARRAY[$2], ARRAY[$3], false)'
-       INTO ok, res USING target_node_name, target_node_port, pg_catalog.format($cmd$
-        INSERT INTO idempotency.records
-        SELECT j.* FROM json_populate_recordset(NULL::idempotency.records, %L::json) j
-         WHERE NOT EXISTS (SELECT FROM idempotency.records t WHERE t.scope = j.scope AND t.key = j.key)$cmd$, doc);
+       INTO ok, res USING target_node_name, target_node_port,
+            pg_catalog.format('SELECT idempotency.adopt_records(%L::json)', doc);
     IF NOT ok THEN
         RAISE EXCEPTION 'writing the records on %:% failed: %', target_node_name, target_node_port, res
             USING ERRCODE = 'connection_failure';
@@ -263,4 +299,4 @@ END
 $$;
 REVOKE ALL ON FUNCTION idem_move_records(bigint, text, integer, text, integer) FROM PUBLIC;
 COMMENT ON FUNCTION idem_move_records(bigint, text, integer, text, integer) IS
-'On a Citus coordinator, after citus_move_shard_placement(shard_id, source, target): copies the idempotency records of the scopes hashing into that shard from the source worker to the target (keys the target has already are kept as they are), raises the target''s token sequence above the copied tokens, deletes them on the source; returns how many were read. Pause the consumers of the shard''s tenants from before the move until it returns.';
+'On a Citus coordinator, after citus_move_shard_placement(shard_id, source, target): copies the idempotency records of the scopes hashing into that shard from the source worker to the target (keys the target has already are kept as they are; a record of a range the target has sealed is written after it), raises the target''s token sequence above the copied tokens, deletes them on the source; returns how many were read. Pause the consumers of the shard''s tenants from before the move until it returns.';

@@ -16,7 +16,7 @@ use std::ffi::{c_char, c_int, CStr};
 
 /// The functions Citus delegates by scope (what `idem_distribute` registers): name, number of
 /// arguments, position of `scope` (0-based).
-const SCOPED: [(&str, usize, usize); 9] = [
+const SCOPED: [(&str, usize, usize); 12] = [
     ("idem_claim", 5, 2),
     ("idem_complete", 4, 2),
     ("idem_fail", 5, 3),
@@ -26,6 +26,9 @@ const SCOPED: [(&str, usize, usize); 9] = [
     ("idem_claim_batch", 3, 2),
     ("idem_complete_batch", 4, 2),
     ("idem_once_batch", 2, 1),
+    ("idem_redrive", 2, 1),
+    ("idem_redrive_scope", 3, 0),
+    ("idem_forget", 2, 1),
 ];
 
 static mut PREV_PLANNER: pg_sys::planner_hook_type = None;

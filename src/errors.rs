@@ -71,14 +71,21 @@ pub fn too_large(what: &str, bytes: usize, limit: usize, guc: &str) -> ! {
     )
 }
 
-/// P0002: the key has no record.
-pub fn unknown_key(scope: &str, key: &str) -> ! {
+/// P0002: the key has no record. The hint says what the caller can do about it.
+pub fn unknown_key(scope: &str, key: &str, hint: &str) -> ! {
     raise(
         Code::ERRCODE_NO_DATA_FOUND,
         format!("idempotency: key {key:?} in scope {scope:?} does not exist"),
-        Some("Claim the key with idem_claim first; a claim made in a rolled-back transaction leaves no record."),
+        Some(hint),
     )
 }
+
+/// The hint of a holder's call (complete, fail, heartbeat) on a key without a record.
+pub const HINT_CLAIM_FIRST: &str =
+    "Claim the key with idem_claim first; a claim made in a rolled-back transaction leaves no record.";
+/// The hint of an admin's redrive of a key without a record.
+pub const HINT_REDRIVE_FAILED: &str =
+    "Only a key with a record can be redriven; idempotency.dead_letters lists the failed keys of each scope.";
 
 /// 55000: the key is already completed or failed.
 pub fn already_terminal(scope: &str, key: &str, status: &str) -> ! {

@@ -60,13 +60,14 @@ impl Round {
 }
 
 /// Runs one maintenance round `f` of the current database and records how it went (an ERROR it
-/// raises is recorded, then raised on).
-pub fn observe<T>(f: impl FnOnce() -> T) -> T {
+/// raises is recorded, then raised on). A round `f` skips (None: another round holds the lock) is
+/// not a round: nothing of it is recorded.
+pub fn observe<T>(f: impl FnOnce() -> Option<T>) -> Option<T> {
     let Some(round) = shared::round_of(database(), true) else {
         return f();
     };
     let started = now();
-    round.with(|s| s.started_at = started);
+    let before = round.with(|s| std::mem::replace(&mut s.started_at, started));
     let during = std::panic::AssertUnwindSafe(round);
     let result = PgTryBuilder::new(std::panic::AssertUnwindSafe(f))
         .catch_others(move |e| {
@@ -79,7 +80,10 @@ pub fn observe<T>(f: impl FnOnce() -> T) -> T {
             e.rethrow()
         })
         .execute();
-    finish(round, started, None);
+    match result {
+        Some(_) => finish(round, started, None),
+        None => round.with(|s| s.started_at = before),
+    }
     result
 }
 

@@ -42,7 +42,7 @@ pub fn redrive(k: Key) -> bool {
 fn redrive_on(conn: &Conn, k: Key) -> bool {
     let lock = keylock::lock_key(k.scope, k.key, true).expect("waited for the lock");
     let Some(rec) = lookup(conn, k) else {
-        errors::unknown_key(k.scope, k.key)
+        errors::unknown_key(k.scope, k.key, errors::HINT_REDRIVE_FAILED)
     };
     if !matches!(rec.state, State::Failed { .. }) {
         lock.release_if_only_read();

@@ -492,7 +492,7 @@ fn check_held(k: Key, rec: Option<Record>, token: Option<i64>) -> Record {
     let claimed_here = rec.as_ref().is_some_and(|r| xact::wrote(r.xmin));
     match decide::holds(rec.as_ref().map(|r| r.state), token, claimed_here) {
         Ok(()) => rec.expect("a held key has a record"),
-        Err(NotHeld::Unknown) => errors::unknown_key(k.scope, k.key),
+        Err(NotHeld::Unknown) => errors::unknown_key(k.scope, k.key, errors::HINT_CLAIM_FIRST),
         Err(NotHeld::Settled(status)) => errors::already_terminal(k.scope, k.key, status),
         Err(NotHeld::LeaseLost(why)) => {
             stats::count(k.scope, Counter::StaleRefused);

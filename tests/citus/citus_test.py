@@ -127,7 +127,7 @@ def t_distribute(cl, ck):
         ck.check("a refused idem_distribute writes nothing", n == 0, f"{n} functions registered")
         c.execute("DELETE FROM idempotency.records")
         rows = c.execute("SELECT * FROM idem_distribute('ledger')").fetchall()
-        ck.check("idem_distribute('ledger') registers 9 functions", len(rows) == 9, rows)
+        ck.check("idem_distribute('ledger') registers 12 functions", len(rows) == 12, rows)
         got = c.execute("""
             SELECT o.objid::regprocedure::text, o.distribution_argument_index,
                    array_position(p.proargnames, 'scope') - 1, o.colocationid, o.force_delegation
@@ -136,11 +136,12 @@ def t_distribute(cl, ck):
         colo = c.execute("SELECT colocationid FROM pg_dist_partition WHERE logicalrelid = 'ledger'::regclass").fetchone()[0]
         bad = [r for r in got if r[1] != r[2] or r[3] != colo or r[4] is not True]
         ck.check("each delegated by its scope argument, colocated with ledger, force_delegation",
-                 len(got) == 9 and not bad, got)
+                 len(got) == 12 and not bad, got)
         names = sorted(r[0].split("(")[0] for r in got)
-        ck.check("the nine scope-bound functions, no offset function",
+        ck.check("the nine scope-bound consumer functions and the three admin ones, no offset function",
                  names == sorted(["idem_claim", "idem_complete", "idem_fail", "idem_heartbeat", "idem_once",
-                                  "idem_status", "idem_claim_batch", "idem_complete_batch", "idem_once_batch"]), names)
+                                  "idem_status", "idem_claim_batch", "idem_complete_batch", "idem_once_batch",
+                                  "idem_redrive", "idem_redrive_scope", "idem_forget"]), names)
         rows2 = c.execute("SELECT * FROM idem_distribute('accounts')").fetchall()
         got2 = c.execute("SELECT objid::regprocedure::text, distribution_argument_index, colocationid, force_delegation "
                          "FROM pg_dist_object WHERE classid = 'pg_proc'::regclass ORDER BY 1").fetchall()
@@ -324,6 +325,17 @@ def t_status(cl, ck):
         b = c.execute("SELECT * FROM idem_once_batch(ARRAY['b1', 'b2', 'b1'], 'acme')").fetchall()
         b2 = c.execute("SELECT * FROM idem_once_batch(ARRAY['b1', 'b3'], 'acme')").fetchall()
         ck.check("idem_once_batch through the coordinator", b == [("b1",), ("b2",)] and b2 == [("b3",)], (b, b2))
+        # The admin's functions reach the key's worker too (globex's 's2' failed above).
+        dead = c.execute("SELECT idem_redrive('s2', 'globex')").fetchone()[0]
+        out = c.execute("SELECT outcome, attempts FROM idem_claim('s2', NULL, 'globex')").fetchall()
+        tok3 = c.execute("SELECT token FROM idem_status('s2', 'globex')").fetchone()[0]
+        c.execute("SELECT idem_fail('s2', '{\"e\": 2}', false, 'globex', %s)", (tok3,))
+        bulk = c.execute("SELECT idem_redrive_scope('globex')").fetchone()[0]
+        gone = c.execute("SELECT idem_forget('s1', 'acme')").fetchone()[0]
+        st = c.execute("SELECT * FROM idem_status('s1', 'acme')").fetchall()
+        ck.check("idem_redrive, idem_redrive_scope and idem_forget through the coordinator act on the key's worker",
+                 dead is True and out == [("claimed", 1)] and bulk == 1 and gone is True and st == [],
+                 (dead, out, bulk, gone, st))
 
 
 def t_bad_input(cl, ck):
@@ -339,6 +351,9 @@ def t_bad_input(cl, ck):
         "SELECT idem_complete_batch(ARRAY['k'], NULL, NULL)",
         "SELECT * FROM idem_once_batch(ARRAY['k'], scope => NULL)",
         "SELECT idem_once('k', NULL::varchar)",
+        "SELECT idem_redrive('k', NULL)",
+        "SELECT idem_redrive_scope(NULL)",
+        "SELECT idem_forget('k', scope => NULL)",
     ]
     with cl.coord.connect() as c:
         for q in calls:
@@ -647,6 +662,27 @@ def t_rebalance(cl, ck):
         dst = cl.w2.port if src == cl.w1.port else cl.w1.port
         lo, hi = c.execute("SELECT shardminvalue::int, shardmaxvalue::int FROM pg_dist_shard WHERE shardid = %s",
                            (shard,)).fetchone()
+        # A key processed three days ago, in a partition that both workers' own maintenance seals (each
+        # round seals the partitions whose range has ended). The target's sealed partition of that day has
+        # a filter that never saw the key: the move must put the record where a lookup finds it.
+        old = "now() - interval '3 days'"
+        for n in (cl.w1, cl.w2):
+            with n.connect() as w, w.transaction():
+                w.execute(f"SELECT idempotency.premake_partitions({old})")
+                if n.port == src:
+                    w.execute("INSERT INTO idempotency.records (scope, key, status, payload, created_at) "
+                              f"VALUES (%s, 'done-days-ago', 'completed', '{{\"old\": true}}', {old})", (tenant,))
+        sealed_q = f"SELECT sealed_at IS NOT NULL FROM idempotency.partitions WHERE range_from <= {old} AND range_to > {old}"
+        for _ in range(60):
+            if all(n.sql(sealed_q) == [(True,)] for n in (cl.w1, cl.w2)):
+                break
+            time.sleep(0.5)
+        sealed = [n.sql(sealed_q) for n in (cl.w1, cl.w2)]
+        c.execute("BEGIN")
+        known = c.execute("SELECT idem_once('done-days-ago', %s)", (tenant,)).fetchone()[0]
+        c.execute("ROLLBACK")
+        ck.check("before the move: the day of the old key is sealed on both workers, and the key is known",
+                 sealed == [[(True,)], [(True,)]] and known is False, (sealed, known))
         in_shard = cl.by_port(src).sql("SELECT count(*) FROM idempotency.records WHERE worker_hash(scope) BETWEEN %s AND %s",
                                        (lo, hi))[0][0]
         others = cl.by_port(src).sql("SELECT count(*) FROM idempotency.records")[0][0] - in_shard
@@ -657,7 +693,7 @@ def t_rebalance(cl, ck):
         st = c.execute("SELECT status FROM idem_status('before-move', %s)", (tenant,)).fetchall()
         left = [r for r in records_on(cl.by_port(src)) if r[0] == tenant]
         ck.check("after citus_move_shard_placement the business rows moved, the records stayed on the old worker",
-                 moved and rows == 1 and st == [] and len(left) == 2, (moved, rows, st, left))
+                 moved and rows == 1 and st == [] and len(left) == 3, (moved, rows, st, left))
         # The failure mode, as documented: the next delegated call consults the new worker, where the key is new.
         c.execute("BEGIN")
         again = c.execute("SELECT idem_once('before-move', %s)", (tenant,)).fetchone()[0]
@@ -676,6 +712,17 @@ def t_rebalance(cl, ck):
                  "known again, the lease completes with its token",
                  moved_n == in_shard and st == [("completed",)] and again is False and not left and still == others,
                  (moved_n, in_shard, st, again, left, still, others))
+        c.execute("BEGIN")
+        old_again = c.execute("SELECT idem_once('done-days-ago', %s)", (tenant,)).fetchone()[0]
+        c.execute("ROLLBACK")
+        replay = c.execute("SELECT outcome, payload FROM idem_claim('done-days-ago', NULL, %s)", (tenant,)).fetchall()
+        placed = cl.by_port(dst).sql(
+            "SELECT r.created_at > now() - interval '2 days' FROM idempotency.records r "
+            "WHERE r.scope = %s AND r.key = 'done-days-ago'", (tenant,))
+        ck.check("a moved record of a day the target had sealed is written after its sealed partitions and found: "
+                 "idem_once false, idem_claim replays its payload",
+                 old_again is False and replay == [("completed", {"old": True})] and placed == [(True,)],
+                 (old_again, replay, placed))
         st3, msg = sqlstate(c, "SELECT idem_move_records(%s, '127.0.0.1', %s, '127.0.0.1', %s)", (shard, dst, src))
         ck.check("idem_move_records towards a node that does not hold the shard: 55000", st3 == "55000", f"{st3} {msg}")
 

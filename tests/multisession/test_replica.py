@@ -391,6 +391,8 @@ def helper_calls(conn):
     return [
         ("idempotency.drop_partition", f"SELECT idempotency.drop_partition('{newest}', 100)"),
         ("idempotency.index_partition", f"SELECT idempotency.index_partition('{current}')"),
+        # idem_move_records' half on the target worker (it runs anywhere: a standby refuses its writes).
+        ("idempotency.adopt_records", "SELECT idempotency.adopt_records('[]')"),
     ]
 
 

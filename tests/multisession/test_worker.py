@@ -215,6 +215,20 @@ def test_rounds_and_their_failures_are_reported(db):
     assert metrics(db)["failed_rounds"] == failed_before + 1
 
 
+def test_a_round_skipped_behind_another_is_not_counted(db):
+    # A manual round's transaction holds the database's maintenance lock until it ends; the worker's
+    # rounds meanwhile find it busy and skip. Skipped rounds are no rounds: the count stays still.
+    with connect() as holder:
+        holder.execute("BEGIN")
+        holder.execute("SELECT idem_maintenance()")
+        held = metrics(db)
+        time.sleep(3.0)  # three of the worker's rounds at maintenance_interval = 1s
+        during = metrics(db)
+        assert (during["rounds"], during["last_round_at"]) == (held["rounds"], held["last_round_at"])
+        holder.execute("COMMIT")
+    wait_for("the worker's rounds counted again", lambda: metrics(db)["rounds"] > held["rounds"])
+
+
 def test_worker_restarts_after_kill_9_and_stops_on_sigterm(db):
     pid = launcher_pid(db)
     assert pid

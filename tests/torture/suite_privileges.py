@@ -112,6 +112,7 @@ DENIED = [
     "SELECT * FROM idem_maintenance(now() + interval '30 days')",
     "SELECT idempotency.premake_partitions(now())",
     "SELECT idempotency.drop_partition('idempotency.{partition}', 1)",
+    "SELECT idempotency.adopt_records('[]')",
     "SELECT idem_partman_handover()",
     "SELECT * FROM idempotency.stats",
     "SELECT * FROM idempotency.in_flight",

@@ -71,7 +71,9 @@ SELECT outcome, attempts FROM idem_claim('done', scope => 'obs');
 
 -- Bad input: a clear ERROR, nothing written.
 SELECT count(*) AS records_before FROM idempotency.records;
+\set VERBOSITY default
 SELECT idem_redrive('never', scope => 'obs');
+\set VERBOSITY sqlstate
 SELECT idem_redrive(NULL);
 SELECT idem_redrive_scope(NULL);
 SELECT idem_redrive_scope('bulk', max_keys => 0);
