@@ -77,6 +77,10 @@ func (c *counters) add(f *int) { c.mu.Lock(); *f++; c.mu.Unlock() }
 func main() {
 	dsn := flag.String("dsn", os.Getenv("IDEM_DSN"), "libpq connection string (empty: PG* environment variables)")
 	flag.Parse()
+	time.AfterFunc(2*time.Minute, func() { // a run that cannot settle its messages is a failure too
+		fmt.Println("consumer: FAILED (not done after 2 minutes)")
+		os.Exit(1)
+	})
 	ctx := context.Background()
 	pool, err := pgxpool.Connect(ctx, *dsn)
 	if err != nil {
