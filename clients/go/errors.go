@@ -58,23 +58,64 @@ func (e *ClaimError) Is(target error) bool {
 
 // LeaseLostError is SQLSTATE 55006 from idem_complete, idem_fail or idem_heartbeat. Unwrap gives the
 // driver's error (a *pgconn.PgError inside).
+//
+// HeartbeatErr is, when a Guard lost its lease, the last heartbeat that failed for another reason (a
+// connection error, a timeout) with no successful heartbeat after it: often why the lease ran out.
+// errors.Is and errors.As look into it too, after Err: errors.As(err, &pgErr) still gives the 55006
+// first, and a heartbeat's error of another type (a *net.OpError, say) is found in HeartbeatErr.
 type LeaseLostError struct {
-	Op    string // idem_complete, idem_fail or idem_heartbeat
-	Key   string
-	Scope string
-	Token int64
-	Err   error
+	Op           string // idem_complete, idem_fail or idem_heartbeat
+	Key          string
+	Scope        string
+	Token        int64
+	Err          error
+	HeartbeatErr error
 }
 
 func (e *LeaseLostError) Error() string {
-	return fmt.Sprintf("idem: lease lost: %s(%q, scope %q, token %d): %v", e.Op, e.Key, e.Scope, e.Token, e.Err)
+	msg := fmt.Sprintf("idem: lease lost: %s(%q, scope %q, token %d): %v", e.Op, e.Key, e.Scope, e.Token, e.Err)
+	if e.HeartbeatErr != nil {
+		msg += fmt.Sprintf(" (after a failed heartbeat: %v)", e.HeartbeatErr)
+	}
+	return msg
 }
 
-// Is matches ErrLeaseLost.
-func (e *LeaseLostError) Is(target error) bool { return target == ErrLeaseLost }
+// Is matches ErrLeaseLost, and what HeartbeatErr matches.
+func (e *LeaseLostError) Is(target error) bool {
+	return target == ErrLeaseLost || e.HeartbeatErr != nil && errors.Is(e.HeartbeatErr, target)
+}
+
+// As looks into Err, then into HeartbeatErr.
+func (e *LeaseLostError) As(target interface{}) bool {
+	if e.Err != nil && errors.As(e.Err, target) {
+		return true
+	}
+	return e.HeartbeatErr != nil && errors.As(e.HeartbeatErr, target)
+}
 
 // Unwrap gives the driver's error.
 func (e *LeaseLostError) Unwrap() error { return e.Err }
+
+// withHeartbeatErr gives err with hb as the HeartbeatErr of its lease loss: a copy of a *LeaseLostError,
+// or a *LeaseLostError around another error that matches ErrLeaseLost (a Store of one's own may return
+// ErrLeaseLost itself); any other error as is.
+func withHeartbeatErr(err, hb error, op string, l Lease) error {
+	if hb == nil || err == nil {
+		return err
+	}
+	if lle, ok := err.(*LeaseLostError); ok {
+		if lle.HeartbeatErr != nil {
+			return err
+		}
+		cp := *lle
+		cp.HeartbeatErr = hb
+		return &cp
+	}
+	if errors.Is(err, ErrLeaseLost) {
+		return &LeaseLostError{Op: op, Key: l.Key, Scope: l.Scope, Token: l.Token, Err: err, HeartbeatErr: hb}
+	}
+	return err
+}
 
 // HandlerError is a handler's failure, after it was recorded with idem_fail. Unwrap gives the handler's
 // error. errors.Is(err, ErrFailed) holds when the key is now terminal; when recording the failure failed

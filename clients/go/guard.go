@@ -67,7 +67,9 @@ type Guard struct {
 	// heartbeats off (the lease must then outlast the handler).
 	HeartbeatEvery time.Duration
 	// OnHeartbeatError, if set, hears of heartbeats that failed for another reason than a lost lease
-	// (a connection error, say); the next heartbeat tries again.
+	// (a connection error, say); the next heartbeat tries again. Set or not, the last such failure
+	// (with no successful heartbeat after it) is kept, and is the HeartbeatErr of the *LeaseLostError
+	// Do returns if the lease is lost (seen by a later heartbeat, idem_complete or idem_fail).
 	OnHeartbeatError func(key string, err error)
 }
 
@@ -119,7 +121,8 @@ func (g *Guard) DoClaim(ctx context.Context, key string, opts ClaimOptions, h Ha
 	hctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var lostMu sync.Mutex
-	var lost error
+	var lost error                 // the heartbeat found the lease lost
+	var hbErr error                // the last heartbeat that failed otherwise, nil after a successful one
 	stop := make(chan struct{})    // the handler returned: no more heartbeats
 	stopped := make(chan struct{}) // the heartbeat goroutine is gone
 	every := g.HeartbeatEvery
@@ -144,16 +147,24 @@ func (g *Guard) DoClaim(ctx context.Context, key string, opts ClaimOptions, h Ha
 				_, err := g.Store.Heartbeat(ctx, lease, opts.TTL)
 				switch {
 				case err == nil:
+					lostMu.Lock()
+					hbErr = nil
+					lostMu.Unlock()
 				case errors.Is(err, ErrLeaseLost):
 					lostMu.Lock()
-					lost = err
+					lost = withHeartbeatErr(err, hbErr, "idem_heartbeat", lease)
 					lostMu.Unlock()
 					cancel() // tell the handler: the key is someone else's now
 					return
 				case ctx.Err() != nil:
 					return
-				case g.OnHeartbeatError != nil:
-					g.OnHeartbeatError(key, err)
+				default:
+					lostMu.Lock()
+					hbErr = err
+					lostMu.Unlock()
+					if g.OnHeartbeatError != nil {
+						g.OnHeartbeatError(key, err)
+					}
 				}
 			}
 		}()
@@ -165,7 +176,7 @@ func (g *Guard) DoClaim(ctx context.Context, key string, opts ClaimOptions, h Ha
 	close(stop)
 	<-stopped
 	lostMu.Lock()
-	lostErr := lost
+	lostErr, lastHbErr := lost, hbErr
 	lostMu.Unlock()
 	if lostErr != nil {
 		return res, lostErr
@@ -175,7 +186,7 @@ func (g *Guard) DoClaim(ctx context.Context, key string, opts ClaimOptions, h Ha
 		var payload json.RawMessage
 		if payload, herr = ToPayload(out); herr == nil {
 			if err := g.Store.Complete(ctx, lease, payload); err != nil {
-				return res, err
+				return res, withHeartbeatErr(err, lastHbErr, "idem_complete", lease)
 			}
 			res.Payload = payload
 			return res, nil
@@ -183,6 +194,7 @@ func (g *Guard) DoClaim(ctx context.Context, key string, opts ClaimOptions, h Ha
 	}
 	outcome, ferr := g.Store.Fail(ctx, lease, ErrorPayload(herr), !IsPermanent(herr))
 	if ferr != nil {
+		ferr = withHeartbeatErr(ferr, lastHbErr, "idem_fail", lease)
 		return res, &HandlerError{Key: key, Scope: lease.Scope, Err: herr, RecordErr: ferr}
 	}
 	return res, &HandlerError{Key: key, Scope: lease.Scope, Err: herr, Outcome: outcome}

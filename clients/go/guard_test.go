@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -156,11 +157,82 @@ func TestGuardLeaseLostOnHeartbeat(t *testing.T) {
 		}
 	})
 	var lle *idem.LeaseLostError
-	if !errors.As(err, &lle) || lle.Op != "idem_heartbeat" {
-		t.Fatalf("want ErrLeaseLost from idem_heartbeat, got %v", err)
+	if !errors.As(err, &lle) || lle.Op != "idem_heartbeat" || lle.HeartbeatErr != nil {
+		t.Fatalf("want ErrLeaseLost from idem_heartbeat (no heartbeat failed before), got %v", err)
 	}
 	if cancelledAfter == 0 || cancelledAfter > 2*time.Second {
 		t.Fatalf("the handler's context was cancelled after %v", cancelledAfter)
+	}
+}
+
+// connDown is what a heartbeat of flakyStore returns while broken: a real database error (22012) inside
+// an error type of its own, as a driver's network error would be.
+type connDown struct{ err error }
+
+func (c *connDown) Error() string { return "connection down: " + c.err.Error() }
+func (c *connDown) Unwrap() error { return c.err }
+
+// flakyStore is the extension's store whose heartbeats fail while broken is set.
+type flakyStore struct {
+	idem.PGStore
+	broken   atomic.Bool
+	failures int32
+}
+
+func (s *flakyStore) Heartbeat(ctx context.Context, l idem.Lease, ttl time.Duration) (time.Time, error) {
+	if s.broken.Load() {
+		atomic.AddInt32(&s.failures, 1)
+		_, err := pool.Exec(ctx, "SELECT 1/0")
+		return time.Time{}, &connDown{err}
+	}
+	return s.PGStore.Heartbeat(ctx, l, ttl)
+}
+
+// Heartbeats that fail (with no OnHeartbeatError to hear of it) let the lease run out; another consumer
+// takes the key over; the lease loss that follows, seen by a later heartbeat or by idem_complete,
+// carries the last heartbeat failure: errors.As finds the heartbeat's error type and its 22012, while
+// the *pgconn.PgError found first is still the 55006 of the loss.
+func TestGuardLeaseLostCarriesHeartbeatError(t *testing.T) {
+	for _, op := range []string{"idem_heartbeat", "idem_complete"} {
+		t.Run(op, func(t *testing.T) {
+			ctx := context.Background()
+			key := newKey(t)
+			store := &flakyStore{PGStore: idem.PGStore{DB: pool}}
+			g := &idem.Guard{Store: store, TTL: 200 * time.Millisecond, HeartbeatEvery: 60 * time.Millisecond}
+			_, err := g.Do(ctx, key, func(ctx context.Context, l idem.Lease) (interface{}, error) {
+				store.broken.Store(true)
+				time.Sleep(300 * time.Millisecond)                                                // the lease runs out: no heartbeat gets through
+				c, err := idem.ClaimKey(ctx, pool, key, idem.ClaimOptions{TTL: 10 * time.Second}) // the takeover
+				if err != nil || c.Outcome != idem.Claimed {
+					return nil, fmt.Errorf("takeover: %+v %v", c, err)
+				}
+				if op == "idem_complete" {
+					time.Sleep(100 * time.Millisecond) // heartbeats still failing; completion finds the loss
+					return "stale", nil
+				}
+				store.broken.Store(false) // the next heartbeat gets through, and finds the new token
+				select {
+				case <-ctx.Done():
+					return nil, ctx.Err()
+				case <-time.After(5 * time.Second):
+					return "never cancelled", nil
+				}
+			})
+			var lle *idem.LeaseLostError
+			if !errors.Is(err, idem.ErrLeaseLost) || !errors.As(err, &lle) || lle.Op != op {
+				t.Fatalf("want ErrLeaseLost from %s, got %v", op, err)
+			}
+			var cd *connDown
+			if lle.HeartbeatErr == nil || !errors.As(err, &cd) || idem.SQLState(cd) != "22012" ||
+				!strings.Contains(err.Error(), "after a failed heartbeat: connection down") {
+				t.Fatalf("the heartbeat's failure is not carried by the lease loss: %v (heartbeat failures: %d)",
+					err, atomic.LoadInt32(&store.failures))
+			}
+			var pe *pgconn.PgError
+			if !errors.As(err, &pe) || pe.Code != "55006" || idem.SQLState(err) != "55006" {
+				t.Fatalf("the first database error inside must be the 55006: %v", err)
+			}
+		})
 	}
 }
 

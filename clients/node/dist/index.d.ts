@@ -63,11 +63,15 @@ export declare class FailedError extends ClaimRefusedError {
 /** The key exists with a different fingerprint (same key, different request). */
 export declare class MismatchError extends ClaimRefusedError {
 }
-/** 55006: the lease was taken over or released; the fencing token is no longer the key's. */
+/** 55006: the lease was taken over or released; the fencing token is no longer the key's. `cause` is
+ *  pg's 55006 error. `heartbeatError`, from withLease, is the last heartbeat that failed for another
+ *  reason (a connection error, a timeout) with no successful heartbeat after it: often why the lease
+ *  ran out; undefined when none failed. */
 export declare class LeaseLostError extends IdempotencyError {
     readonly op: string;
     readonly lease: Lease;
-    constructor(op: string, lease: Lease, cause: unknown);
+    readonly heartbeatError?: unknown | undefined;
+    constructor(op: string, lease: Lease, cause: unknown, heartbeatError?: unknown | undefined);
 }
 /** The handler failed; its error is `cause`. `outcome` is idem_fail's answer ("released": another
  *  attempt may claim the key; "failed": terminal), or null when recording the failure itself failed
@@ -153,7 +157,9 @@ export interface LeaseOptions extends ClaimOptions {
     ttlMs?: number;
     /** pause between heartbeats (default ttlMs / 3; 0 turns them off) */
     heartbeatMs?: number;
-    /** hears of heartbeats that failed for another reason than a lost lease (retried at the next beat) */
+    /** hears of heartbeats that failed for another reason than a lost lease (retried at the next beat).
+     *  Set or not, the last such failure (with no successful heartbeat after it) becomes the
+     *  `heartbeatError` of the LeaseLostError thrown if the lease is then found lost. */
     onHeartbeatError?: (err: unknown) => void;
 }
 export type LeaseHandler<T> = (lease: Lease, signal: AbortSignal) => Promise<T>;
@@ -164,6 +170,8 @@ export type LeaseHandler<T> = (lease: Lease, signal: AbortSignal) => Promise<T>;
  *  - while the handler runs, idem_heartbeat extends the lease every heartbeatMs; a heartbeat that finds
  *    the lease lost aborts `signal` and withLease throws that LeaseLostError;
  *  - the result is stored with idem_complete and the token (a LeaseLostError if lost meanwhile);
+ *  - a heartbeat that fails otherwise (onHeartbeatError hears of it) is tried again at the next beat;
+ *    if the lease is then lost, the LeaseLostError's `heartbeatError` is the last such failure;
  *  - a thrown error is recorded with idem_fail (released, or failed for a PermanentError) and rethrown
  *    as a HandlerError. */
 export declare function withLease<T>(db: Queryable, key: string, handler: LeaseHandler<T>, opts?: LeaseOptions): Promise<GuardResult<T>>;

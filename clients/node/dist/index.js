@@ -44,16 +44,29 @@ export class FailedError extends ClaimRefusedError {
 /** The key exists with a different fingerprint (same key, different request). */
 export class MismatchError extends ClaimRefusedError {
 }
-/** 55006: the lease was taken over or released; the fencing token is no longer the key's. */
+/** 55006: the lease was taken over or released; the fencing token is no longer the key's. `cause` is
+ *  pg's 55006 error. `heartbeatError`, from withLease, is the last heartbeat that failed for another
+ *  reason (a connection error, a timeout) with no successful heartbeat after it: often why the lease
+ *  ran out; undefined when none failed. */
 export class LeaseLostError extends IdempotencyError {
     op;
     lease;
-    constructor(op, lease, cause) {
+    heartbeatError;
+    constructor(op, lease, cause, heartbeatError) {
         super(`lease lost: ${op}(${JSON.stringify(lease.key)}, scope ${JSON.stringify(lease.scope)}, token ` +
-            `${lease.token}): ${cause?.message ?? cause}`, { cause });
+            `${lease.token}): ${cause?.message ?? cause}` +
+            (heartbeatError === undefined ? "" :
+                ` (after a failed heartbeat: ${heartbeatError?.message ?? heartbeatError})`), { cause });
         this.op = op;
         this.lease = lease;
+        this.heartbeatError = heartbeatError;
     }
+}
+/** err with hb as the heartbeatError of its lease loss (a new LeaseLostError), any other error as is. */
+function withHeartbeatError(err, hb) {
+    if (hb === undefined || !(err instanceof LeaseLostError) || err.heartbeatError !== undefined)
+        return err;
+    return new LeaseLostError(err.op, err.lease, err.cause, hb);
 }
 /** The handler failed; its error is `cause`. `outcome` is idem_fail's answer ("released": another
  *  attempt may claim the key; "failed": terminal), or null when recording the failure itself failed
@@ -292,6 +305,8 @@ export function eachMessage(pool, opts) {
  *  - while the handler runs, idem_heartbeat extends the lease every heartbeatMs; a heartbeat that finds
  *    the lease lost aborts `signal` and withLease throws that LeaseLostError;
  *  - the result is stored with idem_complete and the token (a LeaseLostError if lost meanwhile);
+ *  - a heartbeat that fails otherwise (onHeartbeatError hears of it) is tried again at the next beat;
+ *    if the lease is then lost, the LeaseLostError's `heartbeatError` is the last such failure;
  *  - a thrown error is recorded with idem_fail (released, or failed for a PermanentError) and rethrown
  *    as a HandlerError. */
 export async function withLease(db, key, handler, opts = {}) {
@@ -305,6 +320,7 @@ export async function withLease(db, key, handler, opts = {}) {
     const lease = leaseOf(c);
     const abort = new AbortController();
     let lost = null;
+    let heartbeatError = undefined; // the last failed heartbeat, undefined after a successful one
     let stopped = false;
     let timer = null;
     let inFlight = Promise.resolve();
@@ -313,12 +329,13 @@ export async function withLease(db, key, handler, opts = {}) {
         timer = null;
         if (stopped)
             return;
-        inFlight = heartbeat(db, lease, ttlMs).then(() => { }, (err) => {
+        inFlight = heartbeat(db, lease, ttlMs).then(() => { heartbeatError = undefined; }, (err) => {
             if (err instanceof LeaseLostError) {
-                lost = err;
-                abort.abort(err);
+                lost = withHeartbeatError(err, heartbeatError);
+                abort.abort(lost);
                 return;
             }
+            heartbeatError = err;
             opts.onHeartbeatError?.(err);
         }).finally(() => {
             if (!stopped && !lost)
@@ -346,7 +363,12 @@ export async function withLease(db, key, handler, opts = {}) {
     if (lost)
         throw lost;
     if (!threw) {
-        await complete(db, lease, result);
+        try {
+            await complete(db, lease, result);
+        }
+        catch (err) {
+            throw withHeartbeatError(err, heartbeatError);
+        }
         return { result: result, replayed: false, attempts: c.attempts };
     }
     let outcome;
@@ -354,7 +376,7 @@ export async function withLease(db, key, handler, opts = {}) {
         outcome = await fail(db, lease, errorPayload(herr), !(herr instanceof PermanentError));
     }
     catch (ferr) {
-        throw new HandlerError(key, herr, null, ferr);
+        throw new HandlerError(key, herr, null, withHeartbeatError(ferr, heartbeatError));
     }
     throw new HandlerError(key, herr, outcome);
 }

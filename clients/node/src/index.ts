@@ -95,12 +95,23 @@ export class FailedError extends ClaimRefusedError {}
 /** The key exists with a different fingerprint (same key, different request). */
 export class MismatchError extends ClaimRefusedError {}
 
-/** 55006: the lease was taken over or released; the fencing token is no longer the key's. */
+/** 55006: the lease was taken over or released; the fencing token is no longer the key's. `cause` is
+ *  pg's 55006 error. `heartbeatError`, from withLease, is the last heartbeat that failed for another
+ *  reason (a connection error, a timeout) with no successful heartbeat after it: often why the lease
+ *  ran out; undefined when none failed. */
 export class LeaseLostError extends IdempotencyError {
-  constructor(readonly op: string, readonly lease: Lease, cause: unknown) {
+  constructor(readonly op: string, readonly lease: Lease, cause: unknown, readonly heartbeatError?: unknown) {
     super(`lease lost: ${op}(${JSON.stringify(lease.key)}, scope ${JSON.stringify(lease.scope)}, token ` +
-          `${lease.token}): ${(cause as Error)?.message ?? cause}`, { cause });
+          `${lease.token}): ${(cause as Error)?.message ?? cause}` +
+          (heartbeatError === undefined ? "" :
+            ` (after a failed heartbeat: ${(heartbeatError as Error)?.message ?? heartbeatError})`), { cause });
   }
+}
+
+/** err with hb as the heartbeatError of its lease loss (a new LeaseLostError), any other error as is. */
+function withHeartbeatError(err: unknown, hb: unknown): unknown {
+  if (hb === undefined || !(err instanceof LeaseLostError) || err.heartbeatError !== undefined) return err;
+  return new LeaseLostError(err.op, err.lease, err.cause, hb);
 }
 
 /** The handler failed; its error is `cause`. `outcome` is idem_fail's answer ("released": another
@@ -376,7 +387,9 @@ export interface LeaseOptions extends ClaimOptions {
   ttlMs?: number;
   /** pause between heartbeats (default ttlMs / 3; 0 turns them off) */
   heartbeatMs?: number;
-  /** hears of heartbeats that failed for another reason than a lost lease (retried at the next beat) */
+  /** hears of heartbeats that failed for another reason than a lost lease (retried at the next beat).
+   *  Set or not, the last such failure (with no successful heartbeat after it) becomes the
+   *  `heartbeatError` of the LeaseLostError thrown if the lease is then found lost. */
   onHeartbeatError?: (err: unknown) => void;
 }
 
@@ -389,6 +402,8 @@ export type LeaseHandler<T> = (lease: Lease, signal: AbortSignal) => Promise<T>;
  *  - while the handler runs, idem_heartbeat extends the lease every heartbeatMs; a heartbeat that finds
  *    the lease lost aborts `signal` and withLease throws that LeaseLostError;
  *  - the result is stored with idem_complete and the token (a LeaseLostError if lost meanwhile);
+ *  - a heartbeat that fails otherwise (onHeartbeatError hears of it) is tried again at the next beat;
+ *    if the lease is then lost, the LeaseLostError's `heartbeatError` is the last such failure;
  *  - a thrown error is recorded with idem_fail (released, or failed for a PermanentError) and rethrown
  *    as a HandlerError. */
 export async function withLease<T>(db: Queryable, key: string, handler: LeaseHandler<T>,
@@ -402,6 +417,7 @@ export async function withLease<T>(db: Queryable, key: string, handler: LeaseHan
 
   const abort = new AbortController();
   let lost: LeaseLostError | null = null;
+  let heartbeatError: unknown = undefined; // the last failed heartbeat, undefined after a successful one
   let stopped = false;
   let timer: NodeJS.Timeout | null = null;
   let inFlight: Promise<void> = Promise.resolve();
@@ -409,12 +425,13 @@ export async function withLease<T>(db: Queryable, key: string, handler: LeaseHan
   const beat = () => {
     timer = null;
     if (stopped) return;
-    inFlight = heartbeat(db, lease, ttlMs).then(() => {}, (err) => {
+    inFlight = heartbeat(db, lease, ttlMs).then(() => { heartbeatError = undefined; }, (err) => {
       if (err instanceof LeaseLostError) {
-        lost = err;
-        abort.abort(err);
+        lost = withHeartbeatError(err, heartbeatError) as LeaseLostError;
+        abort.abort(lost);
         return;
       }
+      heartbeatError = err;
       opts.onHeartbeatError?.(err);
     }).finally(() => {
       if (!stopped && !lost) timer = setTimeout(beat, every);
@@ -437,14 +454,18 @@ export async function withLease<T>(db: Queryable, key: string, handler: LeaseHan
   }
   if (lost) throw lost;
   if (!threw) {
-    await complete(db, lease, result!);
+    try {
+      await complete(db, lease, result!);
+    } catch (err) {
+      throw withHeartbeatError(err, heartbeatError);
+    }
     return { result: result!, replayed: false, attempts: c.attempts };
   }
   let outcome: "released" | "failed";
   try {
     outcome = await fail(db, lease, errorPayload(herr), !(herr instanceof PermanentError));
   } catch (ferr) {
-    throw new HandlerError(key, herr, null, ferr);
+    throw new HandlerError(key, herr, null, withHeartbeatError(ferr, heartbeatError));
   }
   throw new HandlerError(key, herr, outcome);
 }

@@ -61,16 +61,14 @@ test("fingerprint over paths", () => {
                createHash("sha256").update('{"/__proto__":1}').digest("hex"));
 });
 
-test("the extension's idem_key / idem_fingerprint agree with the vectors", async (t) => {
+test("the extension's idem_key / idem_fingerprint agree with the vectors", async () => {
   const client = new pg.Client();
   await client.connect();
   try {
     const { rows: [r] } = await client.query(
       "SELECT to_regprocedure('idem_key(uuid, text[])') IS NOT NULL AND to_regprocedure('idem_fingerprint(jsonb, text[])') IS NOT NULL AS have");
-    if (!r.have) {
-      t.skip("the installed extension has no idem_key / idem_fingerprint (they come with 0.3.0): SQL cross-check skipped");
-      return;
-    }
+    assert.ok(r.have, "the installed extension has no idem_key(uuid, text[]) / idem_fingerprint(jsonb, text[]) " +
+                      "(0.3.0 on): the vectors cannot be checked against SQL");
     const raw = readFileSync(vectorsPath, "utf8");
     for (const [i, v] of vectors.keys.entries()) {
       const { rows: [k] } = await client.query("SELECT idem_key($1::uuid, VARIADIC $2::text[]) AS k", [v.namespace, v.parts]);

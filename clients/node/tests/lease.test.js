@@ -88,6 +88,53 @@ test("lease lost seen by a heartbeat aborts the handler's signal", async () => {
   assert.ok(abortedAfter !== null && abortedAfter < 2000, `aborted after ${abortedAfter} ms`);
 });
 
+// A pool whose heartbeats fail while `broken` is set: they throw a real database error (22012), as a
+// broken connection would throw its own.
+function flakyDb(pool) {
+  const db = {
+    broken: false, failures: 0,
+    async query(text, values) {
+      if (db.broken && text.includes("idem_heartbeat")) {
+        db.failures++;
+        await pool.query("SELECT 1/0");
+      }
+      return pool.query(text, values);
+    },
+  };
+  return db;
+}
+
+for (const op of ["idem_heartbeat", "idem_complete"]) {
+  test(`heartbeats that failed (no onHeartbeatError) are carried by the lease loss that follows (${op})`, async () => {
+    const key = newKey(`lost-after-failed-beats-${op}`);
+    const db = flakyDb(pool);
+    await assert.rejects(withLease(db, key, async (lease, signal) => {
+      db.broken = true;
+      await sleep(300); // the 200 ms lease runs out: no heartbeat gets through
+      const c = await claim(pool, key, { ttlMs: 10000 }); // the takeover
+      assert.equal(c.outcome, "claimed");
+      if (op === "idem_complete") {
+        await sleep(100); // heartbeats still failing; completion finds the loss
+        return "stale";
+      }
+      db.broken = false; // the next heartbeat gets through, and finds the new token
+      await new Promise((resolve) => {
+        const timer = setTimeout(resolve, 5000);
+        signal.addEventListener("abort", () => { clearTimeout(timer); resolve(); });
+      });
+      return "never";
+    }, { ttlMs: 200, heartbeatMs: 60 }), (err) => {
+      assert.ok(err instanceof LeaseLostError, String(err));
+      assert.equal(err.op, op);
+      assert.ok(db.failures > 0);
+      assert.equal(sqlState(err), "55006");          // cause: pg's 55006, as before
+      assert.equal(err.heartbeatError?.code, "22012", `heartbeatError: ${err.heartbeatError}`);
+      assert.match(err.message, /after a failed heartbeat: division by zero/);
+      return true;
+    });
+  });
+}
+
 test("failures: released, then terminal, then FailedError from the claim", async () => {
   const key = newKey("lease-fail");
   await assert.rejects(withLease(pool, key, async () => { throw new Error("SMTP 451"); }),
