@@ -336,6 +336,20 @@ def t_status(cl, ck):
         ck.check("idem_redrive, idem_redrive_scope and idem_forget through the coordinator act on the key's worker",
                  dead is True and out == [("claimed", 1)] and bulk == 1 and gone is True and st == [],
                  (dead, out, bulk, gone, st))
+        # An ordinary login role granted idempotency_consumer, as README "Scaling out" sets one up: Citus
+        # propagates the role and its membership to the workers, where the delegated call runs as that role.
+        c.execute("DROP ROLE IF EXISTS app_consumer")
+        c.execute("CREATE ROLE app_consumer LOGIN")
+        c.execute("GRANT idempotency_consumer TO app_consumer")
+        holder = worker_of(c, "acme")
+    with cl.coord.connect(user="app_consumer") as a:
+        first = a.execute("SELECT idem_once('as-app', 'acme')").fetchone()[0]
+        again = a.execute("SELECT idem_once('as-app', 'acme')").fetchone()[0]
+        denied, msg = sqlstate(a, "SELECT idem_redrive('as-app', 'acme')")
+    kept = cl.by_port(holder).sql("SELECT count(*) FROM idempotency.records WHERE scope = 'acme' AND key = 'as-app'")
+    ck.check("a login role granted idempotency_consumer claims through the coordinator (the record on acme's "
+             "worker); the admin's idem_redrive is refused to it (42501)",
+             first is True and again is False and kept == [(1,)] and denied == "42501", (first, again, kept, denied, msg))
 
 
 def t_bad_input(cl, ck):
