@@ -17,7 +17,8 @@ conn = psycopg.connect(f"host={os.environ['IDEM_SOCKDIR']} port={os.environ['IDE
 
 
 def q(sql, *args):
-    return conn.execute(sql, args).fetchall()
+    cur = conn.execute(sql, args)
+    return cur.fetchall() if cur.description else []
 
 
 def exporter_queries():
