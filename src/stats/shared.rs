@@ -251,7 +251,9 @@ fn find_or_take(key: u64, db: u32, scope: &str, shared: bool, take: &dyn Fn() ->
 /// `max_scopes` scopes have one. The shared slots always find room (the table has `MAX_DATABASES`
 /// slots beyond twice `max_scopes`); past that, the last slot (never reached in practice).
 pub fn slot_of(db: u32, scope: &str) -> usize {
-    own_slot(hash_of(db, scope, false), db, scope).or_else(|| shared_slot(db)).unwrap_or(header().slots as usize - 1)
+    own_slot(hash_of(db, scope, false), db, scope)
+        .or_else(|| shared_slot(db))
+        .unwrap_or(header().slots as usize - 1)
 }
 
 /// The slot of the scope whose key is `key`, taken (named `scope`) while fewer than `max_scopes` are.
@@ -363,8 +365,8 @@ struct Saved {
 }
 
 fn save() -> std::io::Result<()> {
-    let mut exists = std::collections::HashMap::new();
-    let mut database_exists = |db| *exists.entry(db).or_insert_with(|| database_exists(std::path::Path::new("."), db));
+    let mut known = std::collections::HashMap::new();
+    let mut exists = |db| *known.entry(db).or_insert_with(|| database_exists(std::path::Path::new("."), db));
     let saved: Vec<Saved> = (0..header().slots as usize)
         .map(slot)
         .filter(|s| s.ready.load(Ordering::Acquire) != 0)
@@ -378,7 +380,7 @@ fn save() -> std::io::Result<()> {
         })
         // Slots are never freed while the server runs: leaving out the empty rows (reset, or never
         // counted) and those of dropped databases frees their slots at the next start.
-        .filter(|r| r.counts.iter().any(|&n| n != 0) && database_exists(r.db))
+        .filter(|r| r.counts.iter().any(|&n| n != 0) && exists(r.db))
         .collect();
     let tmp = format!("{DUMP_FILE}.tmp");
     std::fs::write(&tmp, encode(&saved))?;
@@ -420,10 +422,8 @@ fn load() {
     };
     for row in saved {
         // By the saved key: a long scope's name is cut, so hashing the name would give another key.
-        let own = match row.shared {
-            true => None,
-            false => own_slot(row.key.unwrap_or_else(|| hash_of(row.db, &row.name, false)), row.db, &row.name),
-        };
+        let key = row.key.unwrap_or_else(|| hash_of(row.db, &row.name, false));
+        let own = if row.shared { None } else { own_slot(key, row.db, &row.name) };
         if let Some(i) = own.or_else(|| shared_slot(row.db)) {
             add_all(i, &row.counts);
             slot(i).reset_at.store(row.reset_at, Ordering::Relaxed);
@@ -520,7 +520,8 @@ mod file_tests {
 
     #[test]
     fn a_file_reads_back_as_written() {
-        let rows = vec![row(16384, "payments", false, 1), row(16384, "", true, 2), row(5, "é-ü 😀", false, 3)];
+        let rows =
+            vec![row(16384, "payments", false, 1), row(16384, "", true, 2), row(5, "é-ü 😀", false, 3)];
         assert_eq!(decode(&encode(&rows)), Some(rows));
         assert_eq!(decode(&encode(&[])), Some(vec![]));
     }

@@ -57,10 +57,10 @@ fn redrive_on(conn: &Conn, k: Key) -> bool {
 /// Redrives up to `max_keys` failed keys of a scope (those failed since `since`, when given), in key
 /// order; returns how many. Each key's lock is held until the transaction ends, hence the bound.
 pub fn redrive_scope(scope: &str, since: Option<pg_sys::TimestampTz>, max_keys: i32) -> i64 {
-    stats::count_serialization_failures(scope, || redrive_all(scope, since, max_keys))
+    stats::count_serialization_failures(scope, || redrive_scope_inner(scope, since, max_keys))
 }
 
-fn redrive_all(scope: &str, since: Option<pg_sys::TimestampTz>, max_keys: i32) -> i64 {
+fn redrive_scope_inner(scope: &str, since: Option<pg_sys::TimestampTz>, max_keys: i32) -> i64 {
     let conn = Conn::open();
     let rows = conn.run(&FAILED_KEYS, &[arg(scope), since.and_then(ts_arg), arg(max_keys)], Snap::Statement);
     let keys: Vec<String> = (0..rows.len()).filter_map(|i| rows.get(i, 1)).collect();
@@ -70,10 +70,10 @@ fn redrive_all(scope: &str, since: Option<pg_sys::TimestampTz>, max_keys: i32) -
 
 /// Removes a key's record, whatever its state; false when it has none.
 pub fn forget(k: Key) -> bool {
-    stats::count_serialization_failures(k.scope, || forget_counted(k))
+    stats::count_serialization_failures(k.scope, || forget_inner(k))
 }
 
-fn forget_counted(k: Key) -> bool {
+fn forget_inner(k: Key) -> bool {
     let conn = Conn::open();
     let lock = keylock::lock_key(k.scope, k.key, true).expect("waited for the lock");
     let Some(rec) = lookup(&conn, k) else {

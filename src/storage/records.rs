@@ -445,10 +445,10 @@ fn claim_existing(
 /// order; a key repeated in the batch gets its first occurrence's answer, except that only the
 /// first occurrence can be `claimed` (the repeats are `in_progress`).
 pub fn claim_batch(scope: &str, keys: &[&str], ttl: Interval) -> Vec<Claim> {
-    stats::count_serialization_failures(scope, || claim_batch_counted(scope, keys, ttl))
+    stats::count_serialization_failures(scope, || claim_batch_inner(scope, keys, ttl))
 }
 
-fn claim_batch_counted(scope: &str, keys: &[&str], ttl: Interval) -> Vec<Claim> {
+fn claim_batch_inner(scope: &str, keys: &[&str], ttl: Interval) -> Vec<Claim> {
     let conn = Conn::open();
     partitions::ensure_covered(&conn, xact::start_time());
     let locks = lock_all(scope, keys);
@@ -475,7 +475,8 @@ fn claim_batch_counted(scope: &str, keys: &[&str], ttl: Interval) -> Vec<Claim> 
     }
     for (key, lock) in locks {
         if let Some(rec) = found.remove(key) {
-            answers.insert(key, claim_existing(&conn, Key { scope, key }, rec, ttl, None, Some(lock), &mut tally));
+            let claim = claim_existing(&conn, Key { scope, key }, rec, ttl, None, Some(lock), &mut tally);
+            answers.insert(key, claim);
         }
     }
     tally.add(Counter::Claims, keys.len() as u64);
@@ -517,10 +518,10 @@ fn check_held(k: Key, rec: Option<Record>, token: Option<i64>) -> Record {
 }
 
 pub fn complete(k: Key, payload: Option<Document>, token: Option<i64>) {
-    stats::count_serialization_failures(k.scope, || complete_counted(k, payload, token))
+    stats::count_serialization_failures(k.scope, || complete_inner(k, payload, token))
 }
 
-fn complete_counted(k: Key, payload: Option<Document>, token: Option<i64>) {
+fn complete_inner(k: Key, payload: Option<Document>, token: Option<i64>) {
     let conn = Conn::open();
     if deferred::complete(&conn, k, payload.as_ref(), token) {
         // Claimed by this transaction and not written yet: written once, completed.
@@ -537,10 +538,10 @@ fn complete_counted(k: Key, payload: Option<Document>, token: Option<i64>) {
 
 /// Records a failure; returns the status the key is left in: "released" or "failed".
 pub fn fail(k: Key, error: Option<Document>, retryable: bool, token: Option<i64>) -> &'static str {
-    stats::count_serialization_failures(k.scope, || fail_counted(k, error, retryable, token))
+    stats::count_serialization_failures(k.scope, || fail_inner(k, error, retryable, token))
 }
 
-fn fail_counted(k: Key, error: Option<Document>, retryable: bool, token: Option<i64>) -> &'static str {
+fn fail_inner(k: Key, error: Option<Document>, retryable: bool, token: Option<i64>) -> &'static str {
     let conn = Conn::open();
     let rec = held(&conn, k, token);
     let decision = decide::fail(retryable, rec.attempts, gucs::max_attempts());
@@ -564,10 +565,10 @@ fn fail_counted(k: Key, error: Option<Document>, retryable: bool, token: Option<
 }
 
 pub fn heartbeat(k: Key, ttl: Interval, token: Option<i64>) -> pg_sys::TimestampTz {
-    stats::count_serialization_failures(k.scope, || heartbeat_counted(k, ttl, token))
+    stats::count_serialization_failures(k.scope, || heartbeat_inner(k, ttl, token))
 }
 
-fn heartbeat_counted(k: Key, ttl: Interval, token: Option<i64>) -> pg_sys::TimestampTz {
+fn heartbeat_inner(k: Key, ttl: Interval, token: Option<i64>) -> pg_sys::TimestampTz {
     let conn = Conn::open();
     let rec = held(&conn, k, token);
     let [scope, key, tid] = rec.row_args(k);
@@ -589,10 +590,10 @@ fn once_answer(t: &Tuple) -> (pg_sys::TransactionId, Outcome) {
 
 /// True exactly once per key over all committed transactions.
 pub fn once(k: Key) -> bool {
-    stats::count_serialization_failures(k.scope, || once_counted(k))
+    stats::count_serialization_failures(k.scope, || once_inner(k))
 }
 
-fn once_counted(k: Key) -> bool {
+fn once_inner(k: Key) -> bool {
     let conn = Conn::open();
     partitions::ensure_covered(&conn, xact::start_time());
     let lock = keylock::lock_key(k.scope, k.key, true).expect("waited for the lock");
@@ -636,10 +637,10 @@ pub fn complete_batch(
     payloads: Option<&Documents>,
     tokens: &[Option<i64>],
 ) -> i64 {
-    stats::count_serialization_failures(scope, || complete_batch_counted(scope, keys, payloads, tokens))
+    stats::count_serialization_failures(scope, || complete_batch_inner(scope, keys, payloads, tokens))
 }
 
-fn complete_batch_counted(
+fn complete_batch_inner(
     scope: &str,
     keys: &[&str],
     payloads: Option<&Documents>,
@@ -660,10 +661,10 @@ fn complete_batch_counted(
 /// The keys of a batch that no committed transaction has seen before, in input order, each once;
 /// they are recorded as completed in the caller's transaction.
 pub fn once_batch(scope: &str, keys: &[&str]) -> Vec<String> {
-    stats::count_serialization_failures(scope, || once_batch_counted(scope, keys))
+    stats::count_serialization_failures(scope, || once_batch_inner(scope, keys))
 }
 
-fn once_batch_counted(scope: &str, keys: &[&str]) -> Vec<String> {
+fn once_batch_inner(scope: &str, keys: &[&str]) -> Vec<String> {
     let conn = Conn::open();
     partitions::ensure_covered(&conn, xact::start_time());
     let locks = lock_all(scope, keys);
