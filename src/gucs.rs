@@ -208,7 +208,7 @@ static MAX_BATCH_KEYS: Int = Int {
 static STATS_MAX_SCOPES: Int = Int {
     name: c"idempotency.stats_max_scopes",
     short: c"Scopes per cluster that idempotency.stats counts one by one.",
-    long: c"Counters of further scopes are added up in one row per database with scope NULL. Sizes shared memory (about 300 bytes a scope); needs shared_preload_libraries.",
+    long: c"Counters of further scopes are added up in one row per database with scope NULL. A scope keeps its place until a restart finds its counters all zero (reset) or its database dropped. Sizes shared memory (592 bytes a scope: two slots of 296 bytes); needs shared_preload_libraries.",
     value: GucSetting::<i32>::new(1_000),
     min: 1,
     max: 1_000_000,

@@ -26,12 +26,16 @@ fn scope_rows() -> Vec<stats::ScopeRow> {
     match stats::rows(database()) {
         Some(rows) => rows,
         None => {
-            notice!(
-                "idempotency statistics need the library preloaded: shared_preload_libraries = 'idempotency', then a restart"
-            );
+            notice_not_preloaded();
             Vec::new()
         }
     }
+}
+
+fn notice_not_preloaded() {
+    notice!(
+        "idempotency statistics need the library preloaded: shared_preload_libraries = 'idempotency', then a restart"
+    );
 }
 
 #[pg_schema]
@@ -93,7 +97,11 @@ mod idempotency {
 }
 
 /// Zeroes the counters of one scope, or of every scope of this database; returns the reset's time.
+/// Without the library preloaded there is nothing to reset: a NOTICE says so, as the view does.
 #[pg_extern(volatile, parallel_unsafe)]
 fn idem_stats_reset(scope: default!(Option<&str>, "NULL")) -> Ts {
+    if !stats::preloaded() {
+        notice_not_preloaded();
+    }
     Ts::try_from(stats::reset(database(), scope)).expect("valid timestamp")
 }

@@ -10,7 +10,7 @@ pub mod rounds;
 mod shared;
 
 use crate::gucs;
-use pgrx::pg_sys;
+use pgrx::{pg_sys, PgSqlErrorCode, PgTryBuilder};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 
@@ -58,15 +58,21 @@ thread_local! {
 
 /// Adds `n` to a counter of `scope`, published when the transaction ends.
 pub fn add(scope: &str, counter: Counter, n: u64) {
-    if n == 0 || !shared::attached() || !gucs::stats() {
+    if n != 0 {
+        add_to(scope, |counts| counts[counter as usize] += n);
+    }
+}
+
+fn add_to(scope: &str, f: impl FnOnce(&mut [u64; COUNTERS])) {
+    if !enabled() {
         return;
     }
     PENDING.with_borrow_mut(|pending| {
         if let Some(p) = pending.get_mut(scope) {
-            p.counts[counter as usize] += n;
+            f(&mut p.counts);
         } else {
             let mut p = Pending::default();
-            p.counts[counter as usize] = n;
+            f(&mut p.counts);
             pending.insert(scope.to_owned(), p);
         }
     });
@@ -76,6 +82,53 @@ pub fn add(scope: &str, counter: Counter, n: u64) {
 /// Adds 1 to a counter of `scope`.
 pub fn count(scope: &str, counter: Counter) {
     add(scope, counter, 1);
+}
+
+/// The counts of one call, added to its scope's only when it is done ([`Tally::publish`]): a call
+/// that raised an ERROR answered nothing, so none of what it counted on the way must show (the
+/// claims of a batch whose last key raised, say).
+#[derive(Default)]
+pub struct Tally([u64; COUNTERS]);
+
+impl Tally {
+    pub fn count(&mut self, counter: Counter) {
+        self.0[counter as usize] += 1;
+    }
+
+    pub fn add(&mut self, counter: Counter, n: u64) {
+        self.0[counter as usize] += n;
+    }
+
+    pub fn publish(self, scope: &str) {
+        if self.0.iter().any(|&n| n != 0) {
+            add_to(scope, |counts| counts.iter_mut().zip(self.0).for_each(|(c, n)| *c += n));
+        }
+    }
+}
+
+thread_local! {
+    /// Inside [`count_serialization_failures`]: a nested one leaves the counting to the outer one.
+    static WATCHING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f`, a call or a write of `scope`, and counts a serialization failure (40001) it raises, the
+/// extension's own or PostgreSQL's (an SSI conflict of an UPDATE or INSERT, say), then raises it on
+/// unchanged. PostgreSQL raises 40001 only under REPEATABLE READ and SERIALIZABLE, so READ COMMITTED
+/// (and counting switched off) runs `f` without a catch.
+pub fn count_serialization_failures<T>(scope: &str, f: impl FnOnce() -> T) -> T {
+    // SAFETY: reads the isolation level, a backend global set at transaction start.
+    let snapshot_isolation = unsafe { pg_sys::XactIsoLevel } >= pg_sys::XACT_REPEATABLE_READ as i32;
+    if !snapshot_isolation || !enabled() || WATCHING.get() {
+        return f();
+    }
+    WATCHING.set(true);
+    PgTryBuilder::new(std::panic::AssertUnwindSafe(f))
+        .catch_when(PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE, |e| {
+            count(scope, Counter::SerializationFailures);
+            e.rethrow()
+        })
+        .finally(|| WATCHING.set(false))
+        .execute()
 }
 
 /// A wait for a key lock of `scope` that lasted `micros`.
@@ -98,7 +151,12 @@ fn now() -> i64 {
 
 /// Whether counting is on: the library was preloaded and `idempotency.stats` is on.
 pub fn enabled() -> bool {
-    shared::attached() && gucs::stats()
+    preloaded() && gucs::stats()
+}
+
+/// Whether the statistics' shared memory exists: the library was preloaded.
+pub fn preloaded() -> bool {
+    shared::attached()
 }
 
 /// Publishes the pending counts. Never raises an ERROR: it runs in the transaction-end callback.

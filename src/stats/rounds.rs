@@ -103,7 +103,7 @@ fn finish(round: &Round, started: i64, error: Option<&str>) {
     });
 }
 
-fn floor_char_boundary(s: &str, max: usize) -> usize {
+pub(super) fn floor_char_boundary(s: &str, max: usize) -> usize {
     (0..=max.min(s.len())).rev().find(|&i| s.is_char_boundary(i)).unwrap_or(0)
 }
 

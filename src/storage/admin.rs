@@ -6,6 +6,7 @@ use super::keylock;
 use super::records::{expect_one, lookup, Key};
 use super::spi::{arg, ts_arg, Conn, Snap, Stmt};
 use crate::errors;
+use crate::stats;
 use pgrx::pg_sys;
 
 const T_TEXT: pg_sys::Oid = pg_sys::TEXTOID;
@@ -36,7 +37,7 @@ static FAILED_KEYS: Stmt = Stmt {
 
 /// Makes a failed key claimable again; false when it is not failed. P0002 when it has no record.
 pub fn redrive(k: Key) -> bool {
-    redrive_on(&Conn::open(), k)
+    stats::count_serialization_failures(k.scope, || redrive_on(&Conn::open(), k))
 }
 
 fn redrive_on(conn: &Conn, k: Key) -> bool {
@@ -56,6 +57,10 @@ fn redrive_on(conn: &Conn, k: Key) -> bool {
 /// Redrives up to `max_keys` failed keys of a scope (those failed since `since`, when given), in key
 /// order; returns how many. Each key's lock is held until the transaction ends, hence the bound.
 pub fn redrive_scope(scope: &str, since: Option<pg_sys::TimestampTz>, max_keys: i32) -> i64 {
+    stats::count_serialization_failures(scope, || redrive_scope_inner(scope, since, max_keys))
+}
+
+fn redrive_scope_inner(scope: &str, since: Option<pg_sys::TimestampTz>, max_keys: i32) -> i64 {
     let conn = Conn::open();
     let rows = conn.run(&FAILED_KEYS, &[arg(scope), since.and_then(ts_arg), arg(max_keys)], Snap::Statement);
     let keys: Vec<String> = (0..rows.len()).filter_map(|i| rows.get(i, 1)).collect();
@@ -65,6 +70,10 @@ pub fn redrive_scope(scope: &str, since: Option<pg_sys::TimestampTz>, max_keys: 
 
 /// Removes a key's record, whatever its state; false when it has none.
 pub fn forget(k: Key) -> bool {
+    stats::count_serialization_failures(k.scope, || forget_inner(k))
+}
+
+fn forget_inner(k: Key) -> bool {
     let conn = Conn::open();
     let lock = keylock::lock_key(k.scope, k.key, true).expect("waited for the lock");
     let Some(rec) = lookup(&conn, k) else {

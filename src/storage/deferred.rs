@@ -107,8 +107,13 @@ enum Fate<'a> {
 }
 
 /// Inserts the claim's row, directly (see `direct`) or, on a partition that needs the executor,
-/// with the same insert through SPI.
+/// with the same insert through SPI. Its serialization failures (an SSI conflict of the insert) are
+/// counted here when no call counts them: at COMMIT, or before a statement that reads the storage.
 fn insert(conn: &Conn, k: Key, c: &Deferred, fate: Fate) {
+    crate::stats::count_serialization_failures(k.scope, || insert_row(conn, k, c, fate))
+}
+
+fn insert_row(conn: &Conn, k: Key, c: &Deferred, fate: Fate) {
     let (status, payload, updated_at, expires_at) = match fate {
         Fate::Pending => ("pending", None, c.claimed_at, Some(c.expires_at)),
         Fate::Completed(payload) => ("completed", payload.map(|d| d.datum()), xact::clock(), None),

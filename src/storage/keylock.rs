@@ -13,7 +13,7 @@
 //! `hashtextextended(scope || E'\x1f' || key, 18756)`. Keys and scopes cannot contain 0x1f (control
 //! characters are rejected), so the separator keeps ("a", "bc") and ("ab", "c") apart.
 use crate::stats;
-use pgrx::pg_sys;
+use pgrx::{pg_sys, PgTryBuilder};
 
 /// `locktag_field4` of our advisory locks ("ID").
 pub const LOCK_NAMESPACE: u16 = 0x4944;
@@ -90,10 +90,18 @@ pub fn lock_key(scope: &str, key: &str, wait: bool) -> Option<KeyLock> {
     let hash = hash_key(scope, key);
     let mut got = acquire(hash, LOCK_NAMESPACE, false);
     if got == pg_sys::LockAcquireResult::LOCKACQUIRE_NOT_AVAIL && wait {
-        // Busy: wait for it, and count the wait (idempotency.stats).
+        // Busy: wait for it, and count the wait (idempotency.stats), also one that ends in an ERROR
+        // (lock_timeout, deadlock, cancel): it is counted with its time so far, then raised on
+        // unchanged. Counts are published at the transaction's end, an abort included.
         let started = super::xact::clock();
-        got = acquire(hash, LOCK_NAMESPACE, true);
-        stats::lock_wait(scope, (super::xact::clock() - started).max(0) as u64);
+        let waited = || (super::xact::clock() - started).max(0) as u64;
+        got = PgTryBuilder::new(|| acquire(hash, LOCK_NAMESPACE, true))
+            .catch_others(|e| {
+                stats::lock_wait(scope, waited());
+                e.rethrow()
+            })
+            .execute();
+        stats::lock_wait(scope, waited());
     }
     match got {
         pg_sys::LockAcquireResult::LOCKACQUIRE_NOT_AVAIL => None,

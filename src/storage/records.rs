@@ -16,7 +16,7 @@ use super::spi::{arg, tid_arg, ts_arg, Conn, Rows, Snap, Stmt};
 use super::xact;
 use crate::errors;
 use crate::gucs;
-use crate::stats::{self, Counter};
+use crate::stats::{self, Counter, Tally};
 use pgrx::pg_sys;
 use pgrx::fcinfo::{direct_function_call, direct_function_call_as_datum};
 use pgrx::prelude::*;
@@ -136,10 +136,10 @@ impl Key<'_> {
 }
 
 /// A record written by a transaction this transaction's snapshot cannot see (REPEATABLE READ,
-/// SERIALIZABLE) was written concurrently: raise 40001.
+/// SERIALIZABLE) was written concurrently: raise 40001 (counted by the call's
+/// `stats::count_serialization_failures`, as PostgreSQL's own).
 fn check_visible(k: Key, xmin: pg_sys::TransactionId) {
     if xact::snapshot_misses(xmin) {
-        stats::count(k.scope, Counter::SerializationFailures);
         errors::serialization_failure(k.scope, k.key);
     }
 }
@@ -320,40 +320,44 @@ impl Claim {
 }
 
 /// Counts an answer given without taking the key.
-fn count_answer(scope: &str, outcome: Outcome) {
+fn count_answer(tally: &mut Tally, outcome: Outcome) {
     if let Some(counter) = outcome.counter() {
-        stats::count(scope, counter);
+        tally.count(counter);
     }
 }
 
 pub fn claim(k: Key, ttl: Interval, fingerprint: Option<&str>, wait: bool) -> Claim {
-    let claim = claim_one(k, ttl, fingerprint, wait);
-    // Counted once answered (a claim that raised an ERROR answered nothing).
-    stats::count(k.scope, Counter::Claims);
-    claim
+    stats::count_serialization_failures(k.scope, || {
+        let mut tally = Tally::default();
+        let claim = claim_one(k, ttl, fingerprint, wait, &mut tally);
+        // Counted once answered (a claim that raised an ERROR answered nothing).
+        tally.count(Counter::Claims);
+        tally.publish(k.scope);
+        claim
+    })
 }
 
-fn claim_one(k: Key, ttl: Interval, fingerprint: Option<&str>, wait: bool) -> Claim {
+fn claim_one(k: Key, ttl: Interval, fingerprint: Option<&str>, wait: bool, tally: &mut Tally) -> Claim {
     let conn = Conn::open();
     partitions::ensure_covered(&conn, xact::start_time());
     let Some(lock) = keylock::lock_key(k.scope, k.key, wait) else {
         // Another open transaction holds the key: report what is settled, never write.
         return match lookup(&conn, k) {
-            Some(rec) => claim_existing(&conn, k, rec, ttl, fingerprint, None),
+            Some(rec) => claim_existing(&conn, k, rec, ttl, fingerprint, None, tally),
             None => {
-                stats::count(k.scope, Counter::AnsweredInProgress);
+                tally.count(Counter::AnsweredInProgress);
                 Claim::busy()
             }
         };
     };
     if let Some(rec) = lookup(&conn, k) {
-        return claim_existing(&conn, k, rec, ttl, fingerprint, Some(lock));
+        return claim_existing(&conn, k, rec, ttl, fingerprint, Some(lock), tally);
     }
     // A new key: its row is written once its fate is known (see `deferred`), where it would go now.
     let (partition, created_at) = partitions::insert_target(&conn, xact::start_time());
     let (token, claimed_at, expires_at) = new_lease(ttl);
     deferred::defer(k, token, fingerprint, partition, created_at, claimed_at, expires_at);
-    stats::count(k.scope, Counter::ClaimedNew);
+    tally.count(Counter::ClaimedNew);
     Claim::claimed(Some(token), Some(1), Some(expires_at))
 }
 
@@ -378,8 +382,9 @@ fn new_lease(ttl: Interval) -> (i64, pg_sys::TimestampTz, pg_sys::TimestampTz) {
     (token.expect("token"), claimed_at, end)
 }
 
-/// The claim of a key that has a record: does what [`decide::claim`] says. `lock` is the key's
-/// lock when the caller holds it; a call that only read gives it back (see [`KeyLock`]).
+/// The claim of a key that has a record: does what [`decide::claim`] says, counted in `tally`.
+/// `lock` is the key's lock when the caller holds it; a call that only read gives it back (see
+/// [`KeyLock`]).
 fn claim_existing(
     conn: &Conn,
     k: Key,
@@ -387,6 +392,7 @@ fn claim_existing(
     ttl: Interval,
     fingerprint: Option<&str>,
     lock: Option<KeyLock>,
+    tally: &mut Tally,
 ) -> Claim {
     let decision = decide::claim(
         rec.state,
@@ -403,7 +409,7 @@ fn claim_existing(
                 lock.release_if_only_read();
             }
             let claim = Claim::answer(answer, rec);
-            count_answer(k.scope, claim.outcome);
+            count_answer(tally, claim.outcome);
             claim
         }
         ClaimDecision::MarkPoison => {
@@ -411,7 +417,7 @@ fn claim_existing(
             expect_one(&rows, "mark failed");
             let error = rows.get_document(0, 1);
             for counter in [Counter::Poisoned, Counter::DeadLettered, Counter::AnsweredFailed] {
-                stats::count(k.scope, counter);
+                tally.count(counter);
             }
             Claim { payload: error, ..Claim::answer(Answer::Failed, rec) }
         }
@@ -429,7 +435,7 @@ fn claim_existing(
             );
             expect_one(&rows, "take over");
             // Counted once done: an update that raised (a serialization failure) answered nothing.
-            stats::count(k.scope, how);
+            tally.count(how);
             Claim::claimed(rows.get(0, 1), rows.get(0, 2), rows.get_ts(0, 3))
         }
     }
@@ -439,6 +445,10 @@ fn claim_existing(
 /// order; a key repeated in the batch gets its first occurrence's answer, except that only the
 /// first occurrence can be `claimed` (the repeats are `in_progress`).
 pub fn claim_batch(scope: &str, keys: &[&str], ttl: Interval) -> Vec<Claim> {
+    stats::count_serialization_failures(scope, || claim_batch_inner(scope, keys, ttl))
+}
+
+fn claim_batch_inner(scope: &str, keys: &[&str], ttl: Interval) -> Vec<Claim> {
     let conn = Conn::open();
     partitions::ensure_covered(&conn, xact::start_time());
     let locks = lock_all(scope, keys);
@@ -446,6 +456,8 @@ pub fn claim_batch(scope: &str, keys: &[&str], ttl: Interval) -> Vec<Claim> {
     let mut found = lookup_many(&conn, scope, &distinct);
     let missing: Vec<&str> = distinct.iter().copied().filter(|key| !found.contains_key(*key)).collect();
     let mut answers: HashMap<&str, Claim> = HashMap::with_capacity(distinct.len());
+    // Published once every key is answered: a later key's takeover may still raise.
+    let mut tally = Tally::default();
     if !missing.is_empty() {
         let (partition, created_at) = new_rows_go(&conn);
         let rows = conn.run_on(
@@ -459,26 +471,30 @@ pub fn claim_batch(scope: &str, keys: &[&str], ttl: Interval) -> Vec<Claim> {
             let slot = *missing.iter().find(|m| **m == key).expect("inserted key was asked for");
             answers.insert(slot, Claim::claimed(rows.get(i, 2), Some(1), rows.get_ts(i, 3)));
         }
-        stats::add(scope, Counter::ClaimedNew, rows.len() as u64);
+        tally.add(Counter::ClaimedNew, rows.len() as u64);
     }
     for (key, lock) in locks {
         if let Some(rec) = found.remove(key) {
-            answers.insert(key, claim_existing(&conn, Key { scope, key }, rec, ttl, None, Some(lock)));
+            let claim = claim_existing(&conn, Key { scope, key }, rec, ttl, None, Some(lock), &mut tally);
+            answers.insert(key, claim);
         }
     }
-    stats::add(scope, Counter::Claims, keys.len() as u64);
+    tally.add(Counter::Claims, keys.len() as u64);
     let mut seen = std::collections::HashSet::with_capacity(distinct.len());
-    keys.iter()
+    let claims = keys
+        .iter()
         .map(|key| {
             let first = answers.get(key).expect("every key answered");
             let repeated = !seen.insert(*key);
             let claim = first.copy(repeated);
             if repeated {
-                count_answer(scope, claim.outcome);
+                count_answer(&mut tally, claim.outcome);
             }
             claim
         })
-        .collect()
+        .collect();
+    tally.publish(scope);
+    claims
 }
 
 /// Locks the key and returns its record if the caller holds its lease.
@@ -502,6 +518,10 @@ fn check_held(k: Key, rec: Option<Record>, token: Option<i64>) -> Record {
 }
 
 pub fn complete(k: Key, payload: Option<Document>, token: Option<i64>) {
+    stats::count_serialization_failures(k.scope, || complete_inner(k, payload, token))
+}
+
+fn complete_inner(k: Key, payload: Option<Document>, token: Option<i64>) {
     let conn = Conn::open();
     if deferred::complete(&conn, k, payload.as_ref(), token) {
         // Claimed by this transaction and not written yet: written once, completed.
@@ -518,6 +538,10 @@ pub fn complete(k: Key, payload: Option<Document>, token: Option<i64>) {
 
 /// Records a failure; returns the status the key is left in: "released" or "failed".
 pub fn fail(k: Key, error: Option<Document>, retryable: bool, token: Option<i64>) -> &'static str {
+    stats::count_serialization_failures(k.scope, || fail_inner(k, error, retryable, token))
+}
+
+fn fail_inner(k: Key, error: Option<Document>, retryable: bool, token: Option<i64>) -> &'static str {
     let conn = Conn::open();
     let rec = held(&conn, k, token);
     let decision = decide::fail(retryable, rec.attempts, gucs::max_attempts());
@@ -541,6 +565,10 @@ pub fn fail(k: Key, error: Option<Document>, retryable: bool, token: Option<i64>
 }
 
 pub fn heartbeat(k: Key, ttl: Interval, token: Option<i64>) -> pg_sys::TimestampTz {
+    stats::count_serialization_failures(k.scope, || heartbeat_inner(k, ttl, token))
+}
+
+fn heartbeat_inner(k: Key, ttl: Interval, token: Option<i64>) -> pg_sys::TimestampTz {
     let conn = Conn::open();
     let rec = held(&conn, k, token);
     let [scope, key, tid] = rec.row_args(k);
@@ -562,14 +590,20 @@ fn once_answer(t: &Tuple) -> (pg_sys::TransactionId, Outcome) {
 
 /// True exactly once per key over all committed transactions.
 pub fn once(k: Key) -> bool {
+    stats::count_serialization_failures(k.scope, || once_inner(k))
+}
+
+fn once_inner(k: Key) -> bool {
     let conn = Conn::open();
     partitions::ensure_covered(&conn, xact::start_time());
     let lock = keylock::lock_key(k.scope, k.key, true).expect("waited for the lock");
     deferred::write_key(&conn, k);
     if let Some((xmin, seen)) = Prober::open(k.scope).find(k.key, once_answer) {
         check_visible(k, xmin);
-        stats::count(k.scope, Counter::Claims);
-        count_answer(k.scope, seen);
+        let mut tally = Tally::default();
+        tally.count(Counter::Claims);
+        count_answer(&mut tally, seen);
+        tally.publish(k.scope);
         lock.release_if_only_read();
         return false;
     }
@@ -603,6 +637,15 @@ pub fn complete_batch(
     payloads: Option<&Documents>,
     tokens: &[Option<i64>],
 ) -> i64 {
+    stats::count_serialization_failures(scope, || complete_batch_inner(scope, keys, payloads, tokens))
+}
+
+fn complete_batch_inner(
+    scope: &str,
+    keys: &[&str],
+    payloads: Option<&Documents>,
+    tokens: &[Option<i64>],
+) -> i64 {
     let conn = Conn::open();
     lock_all(scope, keys);
     let mut found = lookup_many(&conn, scope, keys);
@@ -618,6 +661,10 @@ pub fn complete_batch(
 /// The keys of a batch that no committed transaction has seen before, in input order, each once;
 /// they are recorded as completed in the caller's transaction.
 pub fn once_batch(scope: &str, keys: &[&str]) -> Vec<String> {
+    stats::count_serialization_failures(scope, || once_batch_inner(scope, keys))
+}
+
+fn once_batch_inner(scope: &str, keys: &[&str]) -> Vec<String> {
     let conn = Conn::open();
     partitions::ensure_covered(&conn, xact::start_time());
     let locks = lock_all(scope, keys);
@@ -642,17 +689,19 @@ pub fn once_batch(scope: &str, keys: &[&str]) -> Vec<String> {
         conn.run_on(&INSERT_ONCES, partition, &[arg(scope), arg(fresh.clone()), created_at], Snap::Statement);
     }
     if stats::enabled() {
-        stats::add(scope, Counter::Claims, keys.len() as u64);
+        let mut tally = Tally::default();
+        tally.add(Counter::Claims, keys.len() as u64);
         // Each occurrence of a known key gets its record's answer; a new key is claimed by its first
         // occurrence, and its repeats in the batch are its duplicates.
         let mut firsts = std::collections::HashSet::with_capacity(fresh.len());
         for key in keys {
             match seen.get(key) {
-                Some(&answer) => count_answer(scope, answer),
-                None if firsts.insert(*key) => stats::count(scope, Counter::ClaimedNew),
-                None => stats::count(scope, Counter::AnsweredCompleted),
+                Some(&answer) => count_answer(&mut tally, answer),
+                None if firsts.insert(*key) => tally.count(Counter::ClaimedNew),
+                None => tally.count(Counter::AnsweredCompleted),
             }
         }
+        tally.publish(scope);
     }
     let fresh: std::collections::HashSet<&str> = fresh.into_iter().collect();
     let mut emitted = std::collections::HashSet::with_capacity(fresh.len());

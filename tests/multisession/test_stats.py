@@ -12,6 +12,7 @@ import time
 import uuid
 
 import psycopg
+import pytest
 
 from idemlib import rollback_quietly, run_threads
 
@@ -59,6 +60,7 @@ def _consumer(cluster, scope, seed, tally, lock):
             time.sleep(rnd.random() * 0.01)  # lets some 80 ms leases expire, to be taken over
             level = rnd.choice(LEVELS)
             conn.execute(f"BEGIN ISOLATION LEVEL {level}")
+            committing = False
             try:
                 op = rnd.random()
                 if op < 0.6:
@@ -108,11 +110,14 @@ def _consumer(cluster, scope, seed, tally, lock):
                 if rnd.random() < 0.15:
                     conn.execute("ROLLBACK")
                 else:
+                    committing = True
                     conn.execute("COMMIT")
             except psycopg.Error as e:
                 seen[f"error:{e.sqlstate}"] += 1
-                if e.sqlstate == "40001" and "idempotency" in str(e):
-                    seen["ser_ext"] += 1
+                if e.sqlstate == "40001":
+                    # Every statement before COMMIT is an idem_* call: its 40001 is counted, whoever
+                    # raised it. At COMMIT, only one from the insert of a claim's row left to COMMIT.
+                    seen["ser_at_commit" if committing else "ser_in_call"] += 1
                 rollback_quietly(conn)
     finally:
         conn.close()
@@ -142,7 +147,7 @@ def test_counters_add_up_under_races(cluster, report):
     assert s["fails"] == tally["fails"]
     assert s["heartbeats"] == tally["heartbeats"]
     assert s["stale_refused"] == tally["error:55006"]
-    assert s["serialization_failures"] == tally["ser_ext"]
+    assert tally["ser_in_call"] <= s["serialization_failures"] <= tally["ser_in_call"] + tally["ser_at_commit"]
     # Terminal failures are idem_fail(retryable => false) and poisoned keys; nothing else.
     assert s["dead_lettered"] - s["poisoned"] == tally["failed_terminal"]
     # The common paths are reached every time (test_every_counter_exactly reaches the others).
@@ -289,6 +294,135 @@ def test_lock_wait_is_counted(cluster):
     finally:
         holder.close()
         waiter.close()
+
+
+@pytest.mark.parametrize("timeout", ["lock_timeout", "statement_timeout"])
+def test_a_lock_wait_that_ends_in_an_error_is_counted(cluster, timeout):
+    """A wait for a key's lock that ends in an ERROR (here 55P03 lock_timeout, or 57014 statement_timeout)
+    is counted with its time until then: counts are published when the transaction aborts too."""
+    scope = new_scope(f"stats-wait-{timeout}")
+    holder, waiter = cluster.connect(), cluster.connect()
+    try:
+        holder.execute("BEGIN")
+        assert holder.execute("SELECT outcome FROM idem_claim('w', NULL, %s)", (scope,)).fetchone()[0] == "claimed"
+        waiter.execute(f"SET {timeout} = '300ms'")
+        expected = psycopg.errors.LockNotAvailable if timeout == "lock_timeout" else psycopg.errors.QueryCanceled
+        with pytest.raises(expected):
+            waiter.execute("SELECT outcome FROM idem_claim('w', NULL, %s)", (scope,))
+        waiter.execute(f"RESET {timeout}")
+        holder.execute("ROLLBACK")
+        s = stats_of(holder, scope)
+        assert s["lock_waits"] == 1, s
+        # lock_timeout fires 300 ms into the wait; statement_timeout 300 ms into the call, which waits
+        # nearly all of it.
+        assert 200 <= s["lock_wait_ms"] < 10_000, s
+        # Only the holder's claim: the waiter's raised, so it answered nothing.
+        assert (s["claims"], s["claimed_new"], sum_answered(s)) == (1, 1, 0), s
+    finally:
+        holder.close()
+        waiter.close()
+
+
+CALLS_THAT_UPDATE = {
+    "complete": "SELECT idem_complete('k', NULL, %(scope)s, %(token)s)",
+    "fail": "SELECT idem_fail('k', NULL, true, %(scope)s, %(token)s)",
+    "heartbeat": "SELECT idem_heartbeat('k', NULL, %(scope)s, %(token)s)",
+    "takeover": "SELECT outcome FROM idem_claim('k', NULL, %(scope)s)",
+}
+
+
+@pytest.mark.parametrize("call", sorted(CALLS_THAT_UPDATE))
+def test_a_serialization_failure_postgresql_raises_inside_a_call_is_counted(cluster, call):
+    """A write skew between two SERIALIZABLE transactions that PostgreSQL's SSI detects at the UPDATE a
+    call makes (complete, fail, heartbeat, the takeover of an expired lease): the 40001 reaches the client
+    as PostgreSQL raised it, and serialization_failures counts it (and nothing else moves)."""
+    scope = new_scope(f"stats-ssi-{call}")
+    a, b = cluster.connect(), cluster.connect()
+    try:
+        # The key, claimed and committed: a lease a holds, or (to be taken over) one that has ended.
+        ttl = "1 ms" if call == "takeover" else "5 min"
+        token = a.execute("SELECT token FROM idem_claim('k', %s::interval, %s)", (ttl, scope)).fetchone()[0]
+        time.sleep(0.01)
+        before = stats_of(a, scope)
+        # a reads what b writes; b reads the key that a then updates, and commits first: a cycle of
+        # rw-dependencies that SSI breaks by failing a at its UPDATE (a pivot "during write").
+        a.execute("BEGIN ISOLATION LEVEL SERIALIZABLE")
+        a.execute("SELECT count(*) FROM side_effects WHERE scope = %s", (scope,))
+        b.execute("BEGIN ISOLATION LEVEL SERIALIZABLE")
+        assert b.execute("SELECT status FROM idem_status('k', %s)", (scope,)).fetchone()[0] == "pending"
+        b.execute("INSERT INTO side_effects (scope, key, note) VALUES (%s, 'k', 'b')", (scope,))
+        b.execute("COMMIT")
+        with pytest.raises(psycopg.errors.SerializationFailure) as raised:
+            a.execute(CALLS_THAT_UPDATE[call], {"scope": scope, "token": token})
+        a.execute("ROLLBACK")
+        message = raised.value.diag.message_primary
+        assert not message.startswith("idempotency"), f"not PostgreSQL's own 40001: {message}"
+        after = stats_of(a, scope)
+        moved = {k: after[k] - before[k] for k in COUNTERS if k != "lock_wait_ms"}
+        assert moved == {k: int(k == "serialization_failures") for k in moved}, moved
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_batch_whose_later_key_raises_counts_nothing(cluster):
+    """idem_claim_batch inserts its new keys first, then takes over or answers the known ones in key order;
+    when a later key raises, the batch answered nothing: none of its keys is counted, and claims stays
+    claimed_new + takeovers + retries + answered_*."""
+    scope = new_scope("stats-batch-raise")
+    name = f"stats_boom_{uuid.uuid4().hex[:8]}"
+    with cluster.connect() as conn:
+        _, token = conn.execute("SELECT outcome, token FROM idem_claim('a-done', NULL, %s)", (scope,)).fetchone()
+        conn.execute("SELECT idem_complete('a-done', NULL, %s, %s)", (scope, token))
+        conn.execute("SELECT idem_claim('c-boom', '1 ms', %s)", (scope,))
+        time.sleep(0.01)  # its lease ends: the batch takes it over, with an UPDATE that raises
+        conn.execute(f"""CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $$
+                         BEGIN
+                           IF NEW.scope = TG_ARGV[0] AND NEW.key = 'c-boom' THEN
+                             RAISE EXCEPTION 'boom on %', NEW.key;
+                           END IF;
+                           RETURN NEW;
+                         END $$""")
+        conn.execute(f"CREATE TRIGGER {name} BEFORE UPDATE ON idempotency.records "
+                     f"FOR EACH ROW EXECUTE FUNCTION {name}('{scope}')")
+        try:
+            before = stats_of(conn, scope)
+            with pytest.raises(psycopg.errors.RaiseException, match="boom on c-boom"):
+                conn.execute("SELECT * FROM idem_claim_batch(ARRAY['a-done', 'b-new', 'c-boom'], NULL, %s)",
+                             (scope,))
+            after = stats_of(conn, scope)
+        finally:
+            conn.execute(f"DROP TRIGGER {name} ON idempotency.records")
+            conn.execute(f"DROP FUNCTION {name}()")
+        moved = {k: after[k] - before[k] for k in COUNTERS if k != "lock_wait_ms"}
+        assert moved == {k: 0 for k in moved}, f"a batch that raised moved {moved}"
+        assert after["claims"] == sum_claimed(after) + sum_answered(after), after
+
+
+def test_long_scopes_show_apart_and_reset_by_name(cluster):
+    """Scopes over 128 bytes (the name a slot keeps) show as their first 111 bytes, '~' and 16 hex digits
+    of hashtextextended(scope, 0): two that share their first 190 bytes show apart. idem_stats_reset
+    finds one by its full name, or by the name it shows."""
+    a = (new_scope("stats-long") + "-").ljust(200, "x")
+    b = a[:190] + "y" * 10
+    with cluster.connect() as conn:
+        for scope in (a, b, a):
+            conn.execute("SELECT idem_once(%s, %s)", (str(uuid.uuid4()), scope))
+        shown = {scope: conn.execute("SELECT left(%s, 111) || '~' || lpad(to_hex(hashtextextended(%s, 0)), 16, '0')",
+                                     (scope, scope)).fetchone()[0] for scope in (a, b)}
+
+        def rows():
+            return dict(conn.execute("SELECT scope, claims FROM idempotency.stats WHERE left(scope, 100) = %s",
+                                     (a[:100],)).fetchall())
+
+        assert rows() == {shown[a]: 2, shown[b]: 1}
+        assert all(len(name.encode()) == 128 for name in shown.values())
+        conn.execute("SELECT idem_stats_reset(%s)", (a,))
+        assert rows() == {shown[a]: 0, shown[b]: 1}, "the reset by full name missed, or touched the other"
+        conn.execute("SELECT idem_stats_reset(%s)", (shown[b],))
+        assert rows() == {shown[a]: 0, shown[b]: 0}, "the reset by the shown name missed"
+        conn.execute("SELECT idem_once('again', %s)", (b,))
+        assert rows() == {shown[a]: 0, shown[b]: 1}, "counted again, but not in its row"
 
 
 def test_reset_and_switch_off(cluster):

@@ -4,12 +4,13 @@
 \set VERBOSITY sqlstate
 CREATE EXTENSION idempotency;
 
--- Without shared_preload_libraries: no row, a NOTICE that says why; idem_stats() says "not enabled".
+-- Without shared_preload_libraries: no row, a NOTICE that says why; idem_stats() says "not enabled";
+-- idem_stats_reset() has nothing to reset and says so with the same NOTICE.
 \set VERBOSITY terse
 SELECT * FROM idempotency.stats;
+SELECT idem_stats_reset() IS NOT NULL AS reset;
 \set VERBOSITY sqlstate
 SELECT claims, completes, scopes, enabled, stats_reset FROM idem_stats();
-SELECT idem_stats_reset() IS NOT NULL AS reset;
 
 -- Nothing yet: one row, no scope, the partitions that the first call makes are not there either.
 SELECT scope, retained_keys, in_flight, dead_letters, partitions, rounds, last_error, worker_running
