@@ -741,6 +741,59 @@ def t_rebalance(cl, ck):
         ck.check("idem_move_records towards a node that does not hold the shard: 55000", st3 == "55000", f"{st3} {msg}")
 
 
+# README "Rebalancing", the recipe for many shards at once: record the placements, move the shards, then move
+# the records of every shard whose node changed.
+RECORD_PLACEMENTS = ("CREATE TABLE idem_placements_before AS SELECT shardid, nodename, nodeport FROM citus_shards "
+                     "WHERE table_name = 'ledger'::regclass")
+MOVE_MOVED_RECORDS = """
+SELECT b.shardid, idem_move_records(b.shardid, b.nodename, b.nodeport, a.nodename, a.nodeport) AS records
+  FROM idem_placements_before b JOIN citus_shards a USING (shardid)
+ WHERE a.table_name = 'ledger'::regclass AND (a.nodename, a.nodeport) <> (b.nodename, b.nodeport)"""
+
+
+def t_drain(cl, ck):
+    tenants = [f"drain-{i}" for i in range(40)]
+    with cl.coord.connect() as c:
+        for t in tenants:
+            c.execute("SELECT * FROM idem_once_batch(ARRAY['d1', 'd2'], %s)", (t,))
+
+        def unknown():
+            c.execute("BEGIN")
+            new = [t for t in tenants if c.execute("SELECT * FROM idem_once_batch(ARRAY['d1', 'd2'], %s)", (t,)).fetchall()]
+            c.execute("ROLLBACK")
+            return new
+
+        def counts():
+            return [w.sql("SELECT count(*) FROM idempotency.records")[0][0] for w in (cl.w1, cl.w2)]
+
+        def move(shards_move):
+            c.execute("DROP TABLE IF EXISTS idem_placements_before")
+            c.execute(RECORD_PLACEMENTS)
+            shards_move()
+            return c.execute(MOVE_MOVED_RECORDS).fetchall()
+
+        before = counts()
+        drained = move(lambda: c.execute("SELECT citus_drain_node('127.0.0.1', %s, shard_transfer_mode := 'block_writes')",
+                                         (cl.w2.port,)))
+        after = counts()
+        lost = unknown()
+        ck.check(f"citus_drain_node of worker2 moved {len(drained)} shards, the recipe their "
+                 f"{sum(n for _, n in drained)} records: worker2 holds none, and every key of {len(tenants)} tenants is known",
+                 len(drained) > 0 and after == [sum(before), 0] and not lost, (before, after, lost[:5]))
+        c.execute("SELECT citus_set_node_property('127.0.0.1', %s, 'shouldhaveshards', true)", (cl.w2.port,))
+        back = move(lambda: (c.execute("SELECT citus_rebalance_start(shard_transfer_mode := 'block_writes')"),
+                             c.execute("SELECT citus_rebalance_wait()")))
+        spread = counts()
+        lost = unknown()
+        on_w2 = c.execute("SELECT count(*) FROM citus_shards WHERE table_name = 'ledger'::regclass AND nodeport = %s",
+                          (cl.w2.port,)).fetchone()[0]
+        ck.check(f"citus_rebalance_start moved {len(back)} shards back to worker2, the recipe their "
+                 f"{sum(n for _, n in back)} records: records on both workers as the shards are, every key known",
+                 len(back) == on_w2 > 0 and sum(spread) == sum(before) and min(spread) > 0 and not lost,
+                 (back[:3], spread, on_w2, lost[:5]))
+        c.execute("DROP TABLE idem_placements_before")
+
+
 # ---------------------------------------------------------------------------------------------------
 
 
@@ -756,7 +809,7 @@ def main():
               ("race", lambda: t_race(cl, ck, args.quick)), ("status", lambda: t_status(cl, ck)),
               ("bad-input", lambda: t_bad_input(cl, ck)), ("in-doubt", lambda: t_in_doubt(cl, ck)),
               ("chaos", lambda: t_chaos(cl, ck, args.quick)), ("maintenance", lambda: t_maintenance(cl, ck)),
-              ("rebalance", lambda: t_rebalance(cl, ck))]
+              ("rebalance", lambda: t_rebalance(cl, ck)), ("drain", lambda: t_drain(cl, ck))]
     t0 = time.time()
     try:
         cl.build()
