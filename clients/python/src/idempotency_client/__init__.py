@@ -11,7 +11,7 @@ from .derive import canonical_json, fingerprint, idem_key
 from .errors import (DEFAULT_ATTEMPTS, DEFAULT_RETRIES, RETRY_SQLSTATES, Failed, Fenced, IdempotencyError, InProgress, LeaseLost, Mismatch,
                      OutcomeError, TerminalError, is_transient)
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "IdempotentCall", "idempotent_call", "idempotent", "Lease", "lease", "retry", "run_transaction",
