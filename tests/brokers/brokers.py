@@ -451,7 +451,9 @@ def figures(broker, c, fleet, prod, stats, db, violations, chaos_s, drain_s, lef
         ("payment claims / takeovers of expired leases", f"{c['payment claimed']} / {c['payment takeover']}"),
         ("payment results replayed from the store", c["payment replayed"]),
         ("most claims of one payment key (attempts)", max_attempts),
-        ("payment completions / heartbeats fenced (55006, lease lost)", c["payment fenced"]),
+        # counted from the consumers' lease_lost events: a RabbitMQ zombie exits (status 4) right after its
+        # LeaseLost, before its batch's "paid" event
+        ("payment completions / heartbeats fenced (55006, LeaseLost)", c["lease_lost"]),
         ("provider requests / charges created", f"{stats['stats']['requests']} / {stats['stats']['created']}"),
         ("provider duplicates absorbed by its Idempotency-Key", stats["stats"]["replayed"]),
         ("left unacknowledged in the broker at the end", left),
