@@ -7,6 +7,8 @@ RabbitMQ and NATS JetStream).
   tests/e2e/provider.py (an HTTP payment provider that deduplicates by Idempotency-Key);
 * `apply_ledger`: the ledger rows *inside* the database, in ONE transaction with the claims and the
   completions (and whatever else the caller adds to that transaction, e.g. Kafka offsets);
+  (`pay` and `apply_ledger` are hand-written SQL, used by the Kafka run; the tests/brokers consumers do the
+  same with the client library idempotency_client instead, and share only Provider and what follows)
 * `verify_ledger`: the checks at the end of a run (every produced message exactly once in the ledger,
   with its amount and its one charge; nothing else; every key completed);
 * `read_events`: the consumers' JSON-lines event logs.

@@ -37,8 +37,9 @@ from pgtools import Cluster, PrivateTree, copy_ext_files, ports  # noqa: E402
 PY = sys.executable
 PROFILES = {
     # per broker: M messages published over produce_s (3% of them twice), K consumers, chaos for
-    # chaos_s (longer, up to chaos_max_s, until min_kills kills happened), an action every gap seconds
-    "quick": dict(m=2000, k=4, produce_s=35, chaos_s=40, chaos_max_s=40, min_kills=0, gap=(1.5, 3.5),
+    # chaos_s (longer, up to chaos_max_s, until min_kills kills happened), an action every gap seconds.
+    # Fewer than min_kills kills by chaos_max_s is a violation (see chaos_violations).
+    "quick": dict(m=2000, k=4, produce_s=35, chaos_s=40, chaos_max_s=60, min_kills=4, gap=(1.5, 3.5),
                   drain_s=90),
     "long": dict(m=12000, k=4, produce_s=200, chaos_s=210, chaos_max_s=300, min_kills=50, gap=(1.5, 4.0),
                  drain_s=180),
@@ -139,7 +140,7 @@ class RabbitMQ:
         ch.queue_declare(self.queue, durable=True)
         conn.close()
         return {"BROKERS_AMQP_PORT": str(self.amqp), "BROKERS_QUEUE": self.queue,
-                "BROKERS_AMQP_HEARTBEAT": str(AMQP_HEARTBEAT_S), "BROKERS_CLAIM": "batch"}
+                "BROKERS_AMQP_HEARTBEAT": str(AMQP_HEARTBEAT_S)}
 
     def pending(self):
         """Messages ready in the queue (the unacknowledged ones AMQP does not tell)."""
@@ -150,7 +151,8 @@ class RabbitMQ:
 
     def describe(self):
         return (f"rabbitmq-server {deb_version('rabbitmq-server')}: classic durable queue, persistent messages, "
-                f"publisher confirms, manual acks (prefetch = batch), heartbeat {AMQP_HEARTBEAT_S} s")
+                f"publisher confirms, manual acks (prefetch = batch), heartbeat {AMQP_HEARTBEAT_S} s; "
+                f"idempotency_client {client_version()} (sync): lease per payment, process_batch per batch")
 
 
 class Nats:
@@ -198,7 +200,7 @@ class Nats:
 
         asyncio.run(self._js(fn))
         return {"BROKERS_NATS_PORT": str(self.port), "BROKERS_STREAM": self.stream,
-                "BROKERS_DURABLE": self.durable, "BROKERS_SUBJECT": self.subject, "BROKERS_CLAIM": "single"}
+                "BROKERS_DURABLE": self.durable, "BROKERS_SUBJECT": self.subject}
 
     def consumer_info(self):
         return asyncio.run(self._js(lambda js: js.consumer_info(self.stream, self.durable)))
@@ -210,7 +212,15 @@ class Nats:
 
     def describe(self):
         return (f"nats-server {deb_version('nats-server')}: JetStream file stream, durable pull consumer, "
-                f"explicit acks, AckWait {NATS_ACK_WAIT_S} s (+WPI while a batch works), one idem_claim per message")
+                f"explicit acks, AckWait {NATS_ACK_WAIT_S} s (+WPI while a batch works); "
+                f"idempotency_client {client_version()} (asyncio): aio.lease per payment, @aio.idempotent per "
+                f"message in aio.run_transaction per batch")
+
+
+def client_version():
+    import idempotency_client
+
+    return idempotency_client.__version__
 
 
 def deb_version(pkg):
@@ -350,7 +360,9 @@ def run_broker(broker, cfg, args, dsn, run_dir, provider_port):
         exits = {k: n for k, n in fleet.count.items() if k.startswith("exit_")}
         if exits:
             violations.append(f"consumers that crashed (exit status: count) {exits}: see {run_dir}/c*.out")
-        figures(broker, run_dir, fleet, prod, stats, db, violations, chaos_s, drain_s, left)
+        t = tally(run_dir, fleet)
+        violations += chaos_violations(cfg, t)
+        figures(broker, t, fleet, prod, stats, db, violations, chaos_s, drain_s, left)
         return violations
     finally:
         fleet.stop_all()
@@ -363,7 +375,11 @@ def run_broker(broker, cfg, args, dsn, run_dir, provider_port):
         broker.stop()
 
 
-def figures(broker, run_dir, fleet, prod, stats, db, violations, chaos_s, drain_s, left):
+def tally(run_dir, fleet):
+    """The run's counters from the consumers' event logs and the chaos driver: a Counter with deliveries,
+    redelivered, kills (external + self-kills at chosen points), "kill -9 at <point>", "ledger <outcome>",
+    "payment <counter>", suppressed (ledger claims that met a completed key or a repeat in the batch),
+    distinct keys delivered."""
     evs = read_events(run_dir)
     c = collections.Counter()
     seen = collections.Counter()
@@ -383,10 +399,31 @@ def figures(broker, run_dir, fleet, prod, stats, db, violations, chaos_s, drain_
             c["kill -9 at " + e["point"]] += 1
         elif ev == "selffreeze":
             c["frozen at " + e["point"]] += 1
-        elif ev in ("connection_lost", "start"):
+        elif ev in ("connection_lost", "start", "lease_lost"):
             c[ev] += 1
-    ext = fleet.count["kill -9 (external, random moment)"]
-    kills = ext + sum(n for k, n in c.items() if k.startswith("kill -9 at "))
+    c["kill -9 external"] = fleet.count["kill -9 (external, random moment)"]
+    c["kills"] = c["kill -9 external"] + sum(n for k, n in c.items() if k.startswith("kill -9 at "))
+    c["suppressed"] = c["ledger completed"] + c["ledger in_batch_repeat"]
+    c["distinct keys delivered"] = len(seen)
+    return c
+
+
+def chaos_violations(cfg, t):
+    """A run that did not test what it claims to is a failed run: no kill (or fewer than the profile's
+    min_kills), no redelivery by the broker, no duplicate suppressed by the ledger claims."""
+    v = []
+    if t["kills"] < max(1, cfg["min_kills"]):
+        v.append(f"only {t['kills']} kills (kill -9), the profile needs at least {max(1, cfg['min_kills'])}: "
+                 "the run did not test crashes")
+    if t["redelivered"] == 0:
+        v.append("no delivery was flagged as a redelivery by the broker: the run did not test redeliveries")
+    if t["suppressed"] == 0:
+        v.append("no duplicate was suppressed by the ledger claims: the run did not test duplicates")
+    return v
+
+
+def figures(broker, c, fleet, prod, stats, db, violations, chaos_s, drain_s, left):
+    ext, kills = c["kill -9 external"], c["kills"]
     rows = db.execute("SELECT count(*), count(DISTINCT msg_key) FROM e2e.ledger").fetchone()
     (max_attempts,) = db.execute("SELECT max(attempts) FROM idempotency.records WHERE scope = 'payment'").fetchone()
     frozen_rnd = fleet.count["frozen past session and lease (zombie)"]
@@ -396,7 +433,8 @@ def figures(broker, run_dir, fleet, prod, stats, db, violations, chaos_s, drain_
         ("records published (producer retries included)", prod["records"]),
         ("deliveries (messages handed to consumers)", c["deliveries"]),
         ("redeliveries flagged by the broker", c["redelivered"]),
-        ("deliveries of a key delivered before (redeliveries + retries)", c["deliveries"] - len(seen)),
+        ("deliveries of a key delivered before (redeliveries + retries)",
+         c["deliveries"] - c["distinct keys delivered"]),
         ("kills (kill -9)", kills),
         ("  at a random moment", ext),
     ]
@@ -408,13 +446,14 @@ def figures(broker, run_dir, fleet, prod, stats, db, violations, chaos_s, drain_
         ("frozen consumers (SIGSTOP 14 s) random / after_http / after_commit",
          f"{frozen_rnd} / {c['frozen at after_http']} / {c['frozen at after_commit']}"),
         ("  woken to a connection the broker had closed", c["connection_lost"]),
-        ("duplicates suppressed (ledger claims answered completed / repeat)",
-         c["ledger completed"] + c["ledger in_batch_repeat"]),
+        ("duplicates suppressed (ledger claims answered completed / repeat)", c["suppressed"]),
         ("ledger rows / distinct keys", f"{rows[0]} / {rows[1]}"),
         ("payment claims / takeovers of expired leases", f"{c['payment claimed']} / {c['payment takeover']}"),
         ("payment results replayed from the store", c["payment replayed"]),
         ("most claims of one payment key (attempts)", max_attempts),
-        ("payment completions / heartbeats fenced (55006, lease lost)", c["payment fenced"]),
+        # counted from the consumers' lease_lost events: a RabbitMQ zombie exits (status 4) right after its
+        # LeaseLost, before its batch's "paid" event
+        ("payment completions / heartbeats fenced (55006, LeaseLost)", c["lease_lost"]),
         ("provider requests / charges created", f"{stats['stats']['requests']} / {stats['stats']['created']}"),
         ("provider duplicates absorbed by its Idempotency-Key", stats["stats"]["replayed"]),
         ("left unacknowledged in the broker at the end", left),

@@ -1,28 +1,35 @@
 #!/usr/bin/env python3
-"""One consumer process of the RabbitMQ / NATS JetStream exactly-once runs.
+"""One consumer process of the RabbitMQ / NATS JetStream exactly-once runs, written against the Python
+package idempotency_client (clients/python), the way a user of the package would write it.
 
 Per batch of deliveries (up to BROKERS_BATCH messages):
-1. the payment, outside the database, in TWO-TRANSACTION mode (exactly_once.pay: idem_claim_batch with a
-   lease and fencing tokens, committed; one charge per key at the HTTP provider, its key as
-   Idempotency-Key; idem_complete_batch with the tokens; 55006 when a lease was taken over);
-2. the ledger, inside the database, in ONE transaction (exactly_once.apply_ledger): the claims of the
-   messages' keys (idem_claim_batch for RabbitMQ, one idem_claim per message for NATS), one ledger row
-   per claimed key, their completions, COMMIT;
+1. the payment, outside the database, in TWO-TRANSACTION mode: one ``lease`` per key (idem_claim with a
+   lease and a fencing token, committed; heartbeats on a connection of their own while the work runs; one
+   charge at the HTTP provider, the key as its Idempotency-Key; idem_complete with the token at the end of
+   the block). A key leased by another holder (InProgress) is tried again after a pause, as is a key whose
+   lease was taken over while we were slow or frozen (LeaseLost: the new holder does it; we replay it);
+2. the ledger, inside the database, in ONE transaction: RabbitMQ with ``process_batch`` (idem_claim_batch,
+   one ledger row per claimed key under a savepoint, idem_complete_batch, COMMIT; re-run on 40001/40P01);
+   NATS with the asyncio forms, ``@aio.idempotent`` per message (idem_claim, the row, idem_complete, under a
+   savepoint) inside ``aio.run_transaction`` (one transaction for the batch, re-run on 40001/40P01);
 3. then the acknowledgement to the broker: basic_ack(multiple) of the batch's last delivery tag
    (RabbitMQ, manual acks), or an ack per message (JetStream, explicit ack policy).
+RabbitMQ's consumer is synchronous (pika's BlockingConnection, psycopg.Connection, ``lease`` with a heartbeat
+thread); the NATS one is asyncio (nats-py, psycopg.AsyncConnection, ``aio.lease`` with a heartbeat task).
 A consumer killed anywhere before 3 leaves its deliveries unacknowledged: RabbitMQ requeues them when the
 connection drops, JetStream redelivers them after the consumer's AckWait. Those redeliveries, and the
 producer's duplicates, meet completed keys in step 2 (and replay their charges in step 1).
 
-Chaos: the driver may arm a point (RUN_DIR/arm-<cid>): after_http, mid_txn, after_commit (committed, not
-acknowledged), or freeze_after_http / freeze_after_commit (SIGSTOP until the driver's SIGCONT, past the
-payment leases, RabbitMQ's heartbeat timeout and JetStream's AckWait). SIGTERM: finish the batch, leave.
-Exit status 4: the broker connection was lost (a zombie woken after the broker gave it up); the driver
-starts a fresh member.
+Chaos: the driver may arm a point (RUN_DIR/arm-<cid>): after_http, mid_txn (in the ledger transaction,
+after a ledger row was written), after_commit (committed, not acknowledged), or freeze_after_http /
+freeze_after_commit (SIGSTOP until the driver's SIGCONT, past the payment leases, RabbitMQ's heartbeat
+timeout and JetStream's AckWait). SIGTERM: finish the batch, leave. Exit status 4: the broker connection
+was lost (a zombie woken after the broker gave it up); the driver starts a fresh member.
 
 Usage: consumer.py rabbitmq|nats CID   (the rest comes from the environment; see brokers.py)
 """
 import asyncio
+import collections
 import json
 import os
 import signal
@@ -31,19 +38,29 @@ import time
 
 import psycopg
 
+from idempotency_client import InProgress, LeaseLost, aio, lease, process_batch
+
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from exactly_once import EventLog, Provider, apply_ledger, chaos_points, pay  # noqa: E402
+from exactly_once import EventLog, Provider, chaos_points  # noqa: E402
 
 BROKER, CID = sys.argv[1], sys.argv[2]
 ENV = os.environ
 RUN_DIR = ENV["BROKERS_RUN_DIR"]
+DSN = ENV["BROKERS_DSN"]
 LEASE = float(ENV.get("BROKERS_LEASE_S", "8"))
 BATCH = int(ENV.get("BROKERS_BATCH", "50"))
-BATCH_WAIT = 0.5  # the longest a batch waits to fill up
-CLAIM = ENV.get("BROKERS_CLAIM", "batch")  # batch: idem_claim_batch; single: one idem_claim per message
+BATCH_WAIT = 0.5     # the longest a batch waits to fill up
+KEEPALIVE_S = 1.0    # how often the broker hears from a consumer whose batch takes long
+BUSY_PAUSE_S = 0.5   # before another try at keys leased by another holder
+PAY_DEADLINE_S = 120
 STOP = False
 event = EventLog(RUN_DIR, CID)
 chaos_point = chaos_points(RUN_DIR, CID, event)
+
+LEDGER_INSERT = ("INSERT INTO e2e.ledger (msg_key, partition, kafka_offset, amount, charge, consumer)"
+                 " VALUES (%s, %s, %s, %s, %s, %s)")
+# Under chaos a payment key can be taken over many times; the default (5) would make it terminal.
+MAX_ATTEMPTS_SQL = "SET idempotency.max_attempts = 1000"
 
 
 def on_sigterm(*_):
@@ -51,43 +68,121 @@ def on_sigterm(*_):
     STOP = True
 
 
-def connect_db():
-    db = psycopg.connect(ENV["BROKERS_DSN"], autocommit=True, application_name=f"{BROKER}-c{CID}")
-    # Under chaos a payment key can be taken over many times; the default (5) would make it terminal.
-    db.execute("SET idempotency.max_attempts = 1000")
-    return db
-
-
-class Processor:
-    """Steps 1 and 2 of a batch; the broker-specific loops below do the receiving and step 3."""
-
-    def __init__(self):
-        self.db = connect_db()
-        self.provider = Provider(int(ENV["BROKERS_PROVIDER_PORT"]))
-
-    def process(self, msgs, keepalive=None):
-        """msgs: [{key, amount, redelivered, tag, offset?}]. Returns after the ledger transaction committed."""
-        event("batch", n=len(msgs), keys=[m["key"] for m in msgs],
-              redelivered=sum(m["redelivered"] for m in msgs))
-        charges, pay_st = pay(self.db, self.provider, msgs, LEASE, chaos_point, keepalive)
-        event("paid", pay=pay_st)
-        ledger_st = apply_ledger(self.db, msgs, charges, CID, claim=CLAIM, chaos_point=chaos_point)
-        event("applied", ledger=ledger_st)
-        chaos_point("after_commit")
-
-
 def parse(body):
     return json.loads(body)["amount"]
 
 
-# ---- RabbitMQ: a classic durable queue, manual acks, prefetch ----------------------------------------
+def ledger_row(m, charge):
+    return (m["key"], m.get("partition"), m.get("offset"), m["amount"], charge, CID)
+
+
+def amounts_of(msgs):
+    amounts = {}
+    for m in msgs:
+        amounts.setdefault(m["key"], m["amount"])
+    return amounts
+
+
+def pay_counters():
+    return {"claimed": 0, "replayed": 0, "waited": 0, "takeover": 0, "provider_dedup": 0, "fenced": 0,
+            "heartbeats": 0}
+
+
+def count_claim(st, l):
+    if l.replayed:
+        st["replayed"] += 1
+    else:
+        st["claimed"] += 1
+        st["takeover"] += l.attempts > 1  # the previous holder's lease ended without a completion
+
+
+def lease_lost(st, key, e):
+    st["fenced"] += 1
+    event("lease_lost", key=key, sqlstate=e.sqlstate,
+          heartbeat_error=None if e.heartbeat_error is None else repr(e.heartbeat_error))
+
+
+def log_batch(msgs):
+    event("batch", n=len(msgs), keys=[m["key"] for m in msgs], redelivered=sum(m["redelivered"] for m in msgs))
+
+
+# ---- RabbitMQ: a classic durable queue, manual acks, prefetch; the synchronous API ------------------
+
+
+class SyncProcessor:
+    """Steps 1 and 2 of a batch with psycopg.Connection; run_rabbitmq does the receiving and step 3."""
+
+    def __init__(self):
+        self.db = psycopg.connect(DSN, autocommit=True, application_name=f"{BROKER}-c{CID}")
+        self.db.execute(MAX_ATTEMPTS_SQL)
+        # the leases' heartbeats: one connection for the process, not one per lease
+        self.hb = psycopg.connect(DSN, autocommit=True, application_name=f"{BROKER}-c{CID}-heartbeats")
+        self.provider = Provider(int(ENV["BROKERS_PROVIDER_PORT"]))
+
+    def process(self, msgs, keepalive):
+        """msgs: [{key, amount, redelivered, tag}]. Returns after the ledger transaction committed."""
+        log_batch(msgs)
+        charges, pay_st = self.pay(msgs, keepalive)
+        event("paid", pay=pay_st)
+        ledger_st = self.apply_ledger(msgs, charges)
+        event("applied", ledger=ledger_st)
+        chaos_point("after_commit")
+
+    def pay(self, msgs, keepalive):
+        amounts, charges, st = amounts_of(msgs), {}, pay_counters()
+        todo, deadline = list(amounts), time.monotonic() + PAY_DEADLINE_S
+        while todo:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"payment keys stuck in progress: {todo[:5]}")
+            busy = []
+            for key in todo:
+                keepalive()
+                l = None
+                try:
+                    with lease(self.db, key, scope="payment", ttl=LEASE, heartbeat_conn=self.hb) as l:
+                        count_claim(st, l)
+                        if not l.replayed:
+                            body, dedup = self.provider.charge(key, amounts[key])
+                            st["provider_dedup"] += dedup
+                            chaos_point("after_http")
+                            l.result = {"charge": body["charge"]}  # idem_complete with the token at the exit
+                except InProgress:  # another holder's lease is live: after it ends
+                    busy.append(key)
+                    continue
+                except LeaseLost as e:  # taken over while we were slow or frozen: the new holder does it
+                    lease_lost(st, key, e)
+                    busy.append(key)
+                    continue
+                finally:
+                    st["heartbeats"] += l.beats if l is not None else 0
+                charges[key] = l.result["charge"]
+            todo = busy
+            if busy:
+                st["waited"] += len(busy)
+                pause = time.monotonic() + BUSY_PAUSE_S
+                while time.monotonic() < pause:
+                    keepalive()
+                    time.sleep(0.1)
+        return charges, st
+
+    def apply_ledger(self, msgs, charges):
+        def apply(conn, m):  # under process_batch's savepoint, in its transaction
+            conn.execute(LEDGER_INSERT, ledger_row(m, charges[m["key"]]))
+            chaos_point("mid_txn")
+            return {"charge": charges[m["key"]]}
+
+        items = process_batch(self.db, msgs, apply, key=lambda m: m["key"], scope="ledger")
+        n = collections.Counter(i.outcome for i in items)
+        if n["failed"]:  # nothing here makes one; a run that sees one is broken
+            raise RuntimeError(f"ledger items failed: {[i.error for i in items if i.outcome == 'failed'][:3]}")
+        return {"claimed": n["processed"], "completed": n["replayed"], "in_batch_repeat": n["duplicate"]}
 
 
 def run_rabbitmq():
     import pika
     import pika.exceptions
 
-    proc = Processor()
+    proc = SyncProcessor()
     params = pika.ConnectionParameters(host="127.0.0.1", port=int(ENV["BROKERS_AMQP_PORT"]),
                                        heartbeat=int(ENV.get("BROKERS_AMQP_HEARTBEAT", "4")),
                                        connection_attempts=5, retry_delay=0.5)
@@ -96,9 +191,12 @@ def run_rabbitmq():
     ch.basic_qos(prefetch_count=BATCH)
     deliveries = ch.consume(ENV["BROKERS_QUEUE"], auto_ack=False, inactivity_timeout=0.2)
     event("start", broker="rabbitmq")
+    last = [time.monotonic()]
 
     def keepalive():  # pika's heartbeats only go out while pika runs: let it, during long work
-        conn.process_data_events(0)
+        if time.monotonic() - last[0] >= KEEPALIVE_S:
+            conn.process_data_events(0)
+            last[0] = time.monotonic()
 
     try:
         while not STOP:
@@ -113,6 +211,7 @@ def run_rabbitmq():
                     break
             if not batch:
                 continue
+            last[0] = time.monotonic()
             proc.process(batch, keepalive)
             # every earlier tag of this channel was acknowledged with an earlier batch
             ch.basic_ack(delivery_tag=batch[-1]["tag"], multiple=True)
@@ -127,15 +226,97 @@ def run_rabbitmq():
     event("stop")
 
 
-# ---- NATS JetStream: a durable pull consumer, explicit acks, a short AckWait -------------------------
+# ---- NATS JetStream: a durable pull consumer, explicit acks, a short AckWait; the asyncio API ------
+
+
+@aio.idempotent("ledger")
+async def apply_entry(conn, m, charge):
+    """One message's ledger row; called f(conn, key, m, charge) inside the batch's transaction: the claim,
+    the row and the completion under a savepoint of it. Returns (result, replayed)."""
+    await conn.execute(LEDGER_INSERT, ledger_row(m, charge))
+    return {"charge": charge}
+
+
+class AsyncProcessor:
+    """Steps 1 and 2 of a batch with psycopg.AsyncConnection; run_nats_async does the rest."""
+
+    async def open(self):
+        self.db = await psycopg.AsyncConnection.connect(DSN, autocommit=True, application_name=f"{BROKER}-c{CID}")
+        await self.db.execute(MAX_ATTEMPTS_SQL)
+        self.hb = await psycopg.AsyncConnection.connect(DSN, autocommit=True,
+                                                        application_name=f"{BROKER}-c{CID}-heartbeats")
+        self.provider = Provider(int(ENV["BROKERS_PROVIDER_PORT"]))
+        return self
+
+    async def process(self, msgs, keepalive):
+        log_batch(msgs)
+        charges, pay_st = await self.pay(msgs, keepalive)
+        event("paid", pay=pay_st)
+        ledger_st = await self.apply_ledger(msgs, charges)
+        event("applied", ledger=ledger_st)
+        chaos_point("after_commit")
+
+    async def pay(self, msgs, keepalive):
+        amounts, charges, st = amounts_of(msgs), {}, pay_counters()
+        todo, deadline = list(amounts), time.monotonic() + PAY_DEADLINE_S
+        while todo:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"payment keys stuck in progress: {todo[:5]}")
+            busy = []
+            for key in todo:
+                await keepalive()
+                l = None
+                try:
+                    async with aio.lease(self.db, key, scope="payment", ttl=LEASE, heartbeat_conn=self.hb) as l:
+                        count_claim(st, l)
+                        if not l.replayed:
+                            # blocking HTTP off the event loop: the heartbeat task and nats-py keep running
+                            body, dedup = await asyncio.to_thread(self.provider.charge, key, amounts[key])
+                            st["provider_dedup"] += dedup
+                            chaos_point("after_http")
+                            l.result = {"charge": body["charge"]}
+                except InProgress:
+                    busy.append(key)
+                    continue
+                except LeaseLost as e:
+                    lease_lost(st, key, e)
+                    busy.append(key)
+                    continue
+                finally:
+                    st["heartbeats"] += l.beats if l is not None else 0
+                charges[key] = l.result["charge"]
+            todo = busy
+            if busy:
+                st["waited"] += len(busy)
+                pause = time.monotonic() + BUSY_PAUSE_S
+                while time.monotonic() < pause:
+                    await keepalive()
+                    await asyncio.sleep(0.1)
+        return charges, st
+
+    async def apply_ledger(self, msgs, charges):
+        async def batch_transaction(conn):  # run again as a whole on 40001 / 40P01
+            st = {"claimed": 0, "completed": 0, "in_batch_repeat": 0}
+            seen = set()
+            for m in msgs:
+                if m["key"] in seen:  # a producer retry in the same batch: the first one applies it
+                    st["in_batch_repeat"] += 1
+                    continue
+                seen.add(m["key"])
+                _, replayed = await apply_entry(conn, m["key"], m, charges[m["key"]])
+                st["completed" if replayed else "claimed"] += 1
+                if not replayed:
+                    chaos_point("mid_txn")
+            return st
+
+        return await aio.run_transaction(self.db, batch_transaction)
 
 
 async def run_nats_async():
     import nats
     import nats.errors
 
-    proc = Processor()
-    loop = asyncio.get_running_loop()
+    proc = await AsyncProcessor().open()
     nc = await nats.connect(f"nats://127.0.0.1:{ENV['BROKERS_NATS_PORT']}", name=f"c{CID}",
                             max_reconnect_attempts=5)
     js = nc.jetstream()
@@ -157,16 +338,18 @@ async def run_nats_async():
         for m in msgs:
             md = m.metadata
             batch.append({"key": m.headers["Idempotency-Key"], "amount": parse(m.data),
-                          "redelivered": md.num_delivered > 1, "offset": md.sequence.stream, "msg": m})
+                          "redelivered": md.num_delivered > 1, "offset": md.sequence.stream})
+        last = [time.monotonic()]
 
-        def keepalive(batch=batch):  # from the worker thread: +AckWait for the batch (WPI)
-            for x in batch:
-                asyncio.run_coroutine_threadsafe(x["msg"].in_progress(), loop)
+        async def keepalive(msgs=msgs):  # +AckWait for the batch's messages (JetStream "work in progress")
+            if time.monotonic() - last[0] >= KEEPALIVE_S:
+                last[0] = time.monotonic()
+                for m in msgs:
+                    await m.in_progress()
 
-        await asyncio.to_thread(proc.process, [{k: v for k, v in x.items() if k != "msg"} for x in batch],
-                                keepalive)
-        for x in batch:
-            await x["msg"].ack()
+        await proc.process(batch, keepalive)
+        for m in msgs:
+            await m.ack()
         await nc.flush()
         event("acked", n=len(batch))
     await sub.unsubscribe()

@@ -146,3 +146,65 @@ def test_async_batch(cluster, connect, table, scope):
     assert first == ["processed", "processed", "duplicate"]
     assert second == ["replayed", "replayed", "duplicate"]
     assert offs == {("t", 0): 4} and count(connect(), table) == 2
+
+
+def test_async_lease_lost_carries_the_last_heartbeat_error(cluster, connect, scope):
+    other, admin = connect(), connect()
+
+    async def main():
+        conn, hb = await aconnect(cluster), await aconnect(cluster)
+        try:
+            with pytest.raises(LeaseLost) as ei:
+                async with aio.lease(conn, "ahb-1", scope=scope, ttl=0.5, heartbeat=0.1, heartbeat_conn=hb) as l:
+                    admin.execute("SELECT pg_terminate_backend(%s)", (hb.info.backend_pid,))
+                    for _ in range(100):
+                        if l.heartbeat_error is not None:
+                            break
+                        await asyncio.sleep(0.05)
+                    await asyncio.sleep(0.7)
+                    assert other.execute("SELECT outcome FROM idem_claim(%s, scope => %s)",
+                                         ("ahb-1", scope)).fetchone()[0] == "claimed"
+                    l.result = "late"
+            return ei.value, l.heartbeat_error
+        finally:
+            await conn.close()
+            await hb.close()
+
+    e, hb_error = arun(main())
+    assert isinstance(hb_error, psycopg.OperationalError) and e.heartbeat_error is hb_error
+    assert e.sqlstate == "55006" and "last heartbeat error: " in str(e)
+
+
+def test_async_batch_retries_a_real_serialization_failure(cluster, connect, table, scope):
+    async def apply(conn, m):
+        await conn.execute(f"INSERT INTO {table} (k) VALUES (%s)", (m,))
+        return m
+
+    async def main():
+        a, b = await aconnect(cluster), await aconnect(cluster)
+        attempts = []
+
+        async def counted(conn, m):
+            attempts.append(m)
+            return await apply(conn, m)
+
+        try:
+            async def holder():
+                async with aio.idempotent_call(a, "ab-1", scope=scope) as call:
+                    await asyncio.sleep(0.6)
+                    call.result = "A"
+
+            async def batch():
+                await asyncio.sleep(0.2)
+                return await aio.process_batch(b, ["ab-1", "ab-2"], counted, key=lambda m: m, scope=scope,
+                                               isolation="repeatable read")
+
+            _, out = await asyncio.gather(holder(), batch())
+            return [(i.key, i.outcome, i.result) for i in out], attempts
+        finally:
+            await a.close()
+            await b.close()
+
+    out, attempts = arun(main())
+    assert out == [("ab-1", "replayed", "A"), ("ab-2", "processed", "ab-2")] and attempts == ["ab-2"]
+    assert count(connect(), table) == 1

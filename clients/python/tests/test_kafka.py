@@ -262,3 +262,126 @@ def test_the_python_example_consume_loop(connect, monkeypatch):
     assert (applied, replayed, applied2, replayed2) == (40, 10, 0, 0)
     assert conn.execute("SELECT count(*) FROM orders").fetchone()[0] == 40
     conn.execute("DROP TABLE orders")
+
+
+class RebalancingFakeConsumer(FakeConsumer):
+    """A broker whose synchronous commit fails the way librdkafka's does during a rebalance."""
+
+    def __init__(self, group, logs, code):
+        super().__init__(group, logs)
+        self.code, self.commit_calls = code, 0
+
+    def commit(self, offsets=None, asynchronous=True):
+        self.commit_calls += 1
+        raise confluent_kafka.KafkaException(confluent_kafka.KafkaError(self.code))
+
+
+def test_broker_commit_failure_after_the_database_committed_is_not_raised(connect, table, scope, caplog):
+    logs, calls = {}, []
+    for i in range(3):
+        produce(logs, "orders", 0, f"c{i}", b"v")
+    produce(logs, "orders", 0, "c3", b"v")
+    conn, group = connect(), "cm-" + scope
+    c = RebalancingFakeConsumer(group, logs, confluent_kafka.KafkaError.REBALANCE_IN_PROGRESS)
+    ic = IdempotentConsumer(c, conn, group, scope=scope)
+    ic.subscribe(["orders"])
+    c.rebalance(2, [("orders", 0)])
+    msgs = ic.poll_batch(3)
+    with caplog.at_level("WARNING", logger="idempotency_client.kafka"):
+        out = ic.process(msgs, make_apply(table, calls))  # the loop goes on: the database has committed
+    assert [i.outcome for i in out] == ["processed"] * 3 and c.commit_calls == 1
+    assert isinstance(ic.last_commit_error, confluent_kafka.KafkaException) and ic.commit_errors == 1
+    assert ic.last_commit_error.args[0].code() == confluent_kafka.KafkaError.REBALANCE_IN_PROGRESS
+    assert any("broker offset commit" in r.getMessage() and r.levelname == "WARNING" for r in caplog.records)
+    assert count(conn, table) == 3 and ic.stored_offsets() == {("orders", 0): 3}
+    assert c.positions[("orders", 0)] == 3  # not rewound: the poll is done
+    # handle() too
+    (m,) = ic.poll_batch(1)
+    assert ic.handle(m, make_apply(table, calls)) == ({"offset": 3}, False)
+    assert ic.commit_errors == 2 and ic.stored_offsets() == {("orders", 0): 4}
+
+
+def _hold_key(connect, scope, key, started, release):
+    """Claims key in a transaction of its own and keeps it open until release, then commits."""
+    from idempotency_client import idempotent_call
+
+    conn = connect()
+    with idempotent_call(conn, key, scope=scope) as call:
+        started.set()
+        release.wait(10)
+        call.result = {"offset": "held"}
+
+
+def test_process_retries_a_real_serialization_failure(connect, table, scope):
+    """A concurrent transaction commits the key the poll waits on: at REPEATABLE READ the claim fails with
+    40001; process() runs the whole poll again by default, which replays the key and processes the rest."""
+    import threading
+
+    logs, calls = {}, []
+    produce(logs, "orders", 0, "held", b"v")
+    produce(logs, "orders", 0, "free", b"v")
+    conn, group = connect(), "ser-" + scope
+    c = FakeConsumer(group, logs)
+    ic = IdempotentConsumer(c, conn, group, scope=scope)
+    ic.subscribe(["orders"])
+    c.rebalance(3, [("orders", 0)])
+    started, release = threading.Event(), threading.Event()
+    holder = threading.Thread(target=_hold_key, args=(connect, scope, "held", started, release))
+    holder.start()
+    assert started.wait(10)
+    threading.Timer(0.5, release.set).start()  # commits while the poll's claim waits on the key
+    try:
+        out = ic.process(ic.poll_batch(10), make_apply(table, calls), isolation="repeatable read")
+    finally:
+        holder.join(10)
+    assert [(i.key, i.outcome) for i in out] == [("held", "replayed"), ("free", "processed")]
+    assert out[0].result == {"offset": "held"} and calls == [1]  # the second attempt's handler only
+    assert ic.stored_offsets() == {("orders", 0): 2} and c.broker_committed[("orders", 0)] == 2
+
+
+def test_process_with_retries_0_raises_the_serialization_failure_and_rewinds(connect, table, scope):
+    import threading
+
+    import psycopg
+
+    logs, calls = {}, []
+    produce(logs, "orders", 0, "held", b"v")
+    conn, group = connect(), "ser0-" + scope
+    c = FakeConsumer(group, logs)
+    ic = IdempotentConsumer(c, conn, group, scope=scope)
+    ic.subscribe(["orders"])
+    c.rebalance(3, [("orders", 0)])
+    started, release = threading.Event(), threading.Event()
+    holder = threading.Thread(target=_hold_key, args=(connect, scope, "held", started, release))
+    holder.start()
+    assert started.wait(10)
+    threading.Timer(0.5, release.set).start()
+    try:
+        with pytest.raises(psycopg.errors.SerializationFailure):
+            ic.process(ic.poll_batch(10), make_apply(table, calls), isolation="repeatable read", retries=0)
+    finally:
+        holder.join(10)
+    assert c.positions[("orders", 0)] == 0 and ic.stored_offsets() == {}
+
+
+def test_handle_retries_a_deadlock_from_the_handler(connect, table, scope):
+    import psycopg
+
+    logs, calls = {}, []
+    produce(logs, "t", 0, "d", b"v")
+    conn, group = connect(), "hd-" + scope
+    c = FakeConsumer(group, logs)
+    ic = IdempotentConsumer(c, conn, group, scope=scope)
+    ic.subscribe(["t"])
+    c.rebalance(1, [("t", 0)])
+    (m,) = ic.poll_batch(1)
+    apply = make_apply(table, calls)
+
+    def once_deadlocked(conn, msg):
+        if not calls:
+            calls.append("deadlock")
+            raise psycopg.errors.DeadlockDetected("40P01 from the handler's writes")
+        return apply(conn, msg)
+
+    assert ic.handle(m, once_deadlocked) == ({"offset": 0}, False)
+    assert calls == ["deadlock", 0] and count(conn, table) == 1 and ic.stored_offsets() == {("t", 0): 1}

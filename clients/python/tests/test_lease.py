@@ -119,3 +119,104 @@ def test_two_leases_race_the_handler_runs_once(connect, scope):
         t.join(30)
     assert len(runs) == 1 and len(results) == 3
     assert ("done", False) in results
+
+
+def test_lease_lost_carries_the_last_heartbeat_error(connect, scope, caplog):
+    """The heartbeat connection dies (its backend terminated): the beats fail, the lease expires under a
+    live holder, another worker takes the key over, and the completion's LeaseLost says why."""
+    conn, other, admin, hb = connect(), connect(), connect(), connect()
+    with caplog.at_level("WARNING", logger="idempotency_client"):
+        with pytest.raises(LeaseLost) as ei:
+            with lease(conn, "job-hb", scope=scope, ttl=0.5, heartbeat=0.1, heartbeat_conn=hb) as l:
+                admin.execute("SELECT pg_terminate_backend(%s)", (hb.info.backend_pid,))
+                deadline = time.monotonic() + 5
+                while l.heartbeat_error is None and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                assert isinstance(l.heartbeat_error, psycopg.OperationalError)
+                time.sleep(0.7)  # past the ttl: nothing extended the lease
+                assert claim_outcome(other, "job-hb", scope)[0] == "claimed"
+                l.result = {"by": "A"}  # completed at the exit: refused
+    e = ei.value
+    assert e.sqlstate == "55006" and isinstance(e.__cause__, pgerr.ObjectInUse) and e.pgerror is e.__cause__
+    assert e.heartbeat_error is l.heartbeat_error and isinstance(e.heartbeat_error, psycopg.OperationalError)
+    assert "last heartbeat error: " in str(e) and not l.lost
+    assert any("heartbeat of key 'job-hb'" in r.getMessage() for r in caplog.records)
+    assert status(other, "job-hb", scope)["status"] == "pending"  # B's claim stands
+
+
+def test_lease_lost_without_heartbeat_errors_has_none(connect, scope):
+    conn, other = connect(), connect()
+    with pytest.raises(LeaseLost) as ei:
+        with lease(conn, "job-hb2", scope=scope, ttl=0.3, heartbeat=0.8) as l:
+            time.sleep(0.5)
+            assert claim_outcome(other, "job-hb2", scope)[0] == "claimed"
+            deadline = time.monotonic() + 5
+            while not l.lost and time.monotonic() < deadline:
+                time.sleep(0.05)
+            l.check()
+    assert ei.value.heartbeat_error is None and "last heartbeat error" not in str(ei.value)
+
+
+def test_lease_complete_reruns_a_deadlocked_write(connect, table, scope):
+    """complete(write=) owns its transaction: a real deadlock (40P01) in it runs write and idem_complete
+    again, by default."""
+    conn, b, watch = connect(), connect(autocommit=False), connect()
+    conn.execute(f"INSERT INTO {table} (id, k) VALUES (1, 'one'), (2, 'two')")
+    b.execute("SET deadlock_timeout = '10s'")  # the lease's session (100 ms) is the one that detects it
+    b.execute(f"UPDATE {table} SET k = 'b' WHERE id = 2")  # B holds row 2, in an open transaction
+    b_pid, attempts, threads = b.info.backend_pid, [], []
+
+    def b_takes_row_1():
+        b.execute(f"UPDATE {table} SET k = 'b' WHERE id = 1")
+        b.commit()
+
+    def write(c):
+        attempts.append(1)
+        c.execute(f"UPDATE {table} SET k = 'lease' WHERE id = 1")
+        if len(attempts) == 1:
+            t = threading.Thread(target=b_takes_row_1)
+            t.start()
+            threads.append(t)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and not watch.execute(
+                    "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s", (b_pid,)).fetchone()[0]:
+                time.sleep(0.02)
+        c.execute(f"UPDATE {table} SET k = 'lease' WHERE id = 2")  # B waits for row 1: a deadlock
+
+    with lease(conn, "job-dl", scope=scope, ttl=5, heartbeat=0) as l:
+        l.complete({"ok": True}, write=write)
+    for t in threads:
+        t.join(10)
+    assert len(attempts) == 2
+    assert status(conn, "job-dl", scope)["payload"] == {"ok": True}
+    assert conn.execute(f"SELECT array_agg(k ORDER BY id) FROM {table}").fetchone()[0] == ["lease", "lease"]
+
+
+def test_lease_complete_retries_0_raises_the_deadlock(connect, table, scope):
+    conn, b, watch = connect(), connect(autocommit=False), connect()
+    conn.execute(f"INSERT INTO {table} (id, k) VALUES (1, 'one'), (2, 'two')")
+    b.execute("SET deadlock_timeout = '10s'")
+    b.execute(f"UPDATE {table} SET k = 'b' WHERE id = 2")
+    b_pid, threads = b.info.backend_pid, []
+
+    def b_takes_row_1():
+        b.execute(f"UPDATE {table} SET k = 'b' WHERE id = 1")
+        b.commit()
+
+    def write(c):
+        c.execute(f"UPDATE {table} SET k = 'lease' WHERE id = 1")
+        t = threading.Thread(target=b_takes_row_1)
+        t.start()
+        threads.append(t)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not watch.execute(
+                "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s", (b_pid,)).fetchone()[0]:
+            time.sleep(0.02)
+        c.execute(f"UPDATE {table} SET k = 'lease' WHERE id = 2")
+
+    with pytest.raises(pgerr.DeadlockDetected):
+        with lease(conn, "job-dl0", scope=scope, ttl=5, heartbeat=0, retries=0) as l:
+            l.complete({"ok": True}, write=write)
+    for t in threads:
+        t.join(10)
+    assert status(conn, "job-dl0", scope)["status"] == "pending"  # not completed; the lease is still ours

@@ -247,6 +247,45 @@ def test_decorator_retries_on_serialization_failure(connect, table, scope):
     assert calls == []
 
 
+def test_decorator_retries_serialization_failures_by_default(connect, table, scope):
+    """No retries= given: the decorator owns the transaction and re-runs it on 40001 (like Go's Wrapper
+    and Node's guard, 5 attempts in all by default)."""
+    started, release = threading.Event(), threading.Event()
+    a = threading.Thread(target=_hold_then_commit, args=(connect, scope, "ser-4", started, release))
+    a.start()
+    assert started.wait(10)
+    threading.Timer(0.5, release.set).start()
+    calls = []
+    place = idempotent(scope, isolation="repeatable read")(make_handler(table, calls))
+    try:
+        assert place(connect(), "ser-4", {"n": 4}) == ({"by": "A"}, True)
+    finally:
+        a.join(10)
+    assert calls == []
+
+
+def test_default_attempts_match_go_and_node():
+    import idempotency_client
+
+    assert (idempotency_client.DEFAULT_ATTEMPTS, idempotency_client.DEFAULT_RETRIES) == (5, 4)
+
+
+def test_decorator_retries_0_raises_the_serialization_failure(connect, table, scope):
+    started, release = threading.Event(), threading.Event()
+    a = threading.Thread(target=_hold_then_commit, args=(connect, scope, "ser-5", started, release))
+    a.start()
+    assert started.wait(10)
+    threading.Timer(0.5, release.set).start()
+    calls = []
+    place = idempotent(scope, isolation="repeatable read", retries=0)(make_handler(table, calls))
+    try:
+        with pytest.raises(pgerr.SerializationFailure):
+            place(connect(), "ser-5", {"n": 5})
+    finally:
+        a.join(10)
+    assert calls == []
+
+
 def test_database_errors_reach_the_caller_unchanged(connect, scope):
     conn = connect()
     with pytest.raises(pgerr.InvalidParameterValue):  # 22023: empty key

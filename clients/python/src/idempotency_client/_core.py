@@ -61,9 +61,17 @@ def outcome_error(outcome: str, key: str, scope: str, attempts, payload, expires
     raise RuntimeError(f"idem_claim answered an unknown outcome {outcome!r} for key {key!r}")
 
 
-def lease_lost(e: BaseException, what: str, key: str, scope: str, token) -> LeaseLost:
+def lease_lost(e: BaseException, what: str, key: str, scope: str, token,
+               heartbeat_error: Optional[BaseException] = None) -> LeaseLost:
+    """LeaseLost for psycopg's error ``e`` (the caller raises it ``from e``); ``heartbeat_error``: the last
+    error a heartbeat of the lease met, attached and named in the message."""
+    hb = ""
+    if heartbeat_error is not None:
+        hb = (f" (last heartbeat error: {type(heartbeat_error).__name__}"
+              f" [{getattr(heartbeat_error, 'sqlstate', None)}] {str(heartbeat_error).strip()})")
     return LeaseLost(f"{what} of key {key!r} (scope {scope!r}, token {token}): lease lost "
-                     f"[{getattr(e, 'sqlstate', None)}] {e}", key=key, scope=scope, token=token, pgerror=e)
+                     f"[{getattr(e, 'sqlstate', None)}] {str(e).strip()}{hb}", key=key, scope=scope, token=token,
+                     pgerror=e, heartbeat_error=heartbeat_error)
 
 
 def is_lease_lost(e: BaseException, with_token: bool) -> bool:

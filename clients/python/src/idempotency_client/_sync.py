@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 import sys
 import threading
 import time
@@ -16,7 +17,9 @@ from psycopg.types.json import Jsonb
 
 from . import _core
 from ._core import TTL, FailurePolicy
-from .errors import Fenced, InProgress, LeaseLost, is_transient
+from .errors import DEFAULT_RETRIES, Fenced, InProgress, LeaseLost, is_transient
+
+logger = logging.getLogger("idempotency_client")
 
 __all__ = ["IdempotentCall", "idempotent_call", "idempotent", "Lease", "lease", "retry", "run_transaction",
            "BatchItem", "process_batch", "claim_batch", "complete_batch", "record_offset", "next_offset",
@@ -149,7 +152,7 @@ def idempotent_call(conn, key, **options) -> IdempotentCall:
 
 
 def idempotent(scope: str = "default", *, key: Optional[Callable[..., str]] = None,
-               fingerprint: Optional[Callable[..., Optional[str]]] = None, retries: int = 0,
+               fingerprint: Optional[Callable[..., Optional[str]]] = None, retries: int = DEFAULT_RETRIES,
                backoff: float = 0.05, **options):
     """Decorator for ``handler(conn, *args, **kwargs) -> JSON result``, run at most once per key.
 
@@ -157,8 +160,10 @@ def idempotent(scope: str = "default", *, key: Optional[Callable[..., str]] = No
     when ``key=`` derives the key from the arguments) and returns ``(result, replayed)``: the handler's
     result, or on a duplicate the result stored the first time (the handler does not run). ``fingerprint``
     derives the request fingerprint from the arguments. ``retries``: how many times the whole transaction
-    is run again on 40001 / 40P01 (only when the helper owns the transaction). Other options are those of
-    IdempotentCall (ttl, wait, commit_failure, isolation, terminal, retryable, error_payload).
+    is run again on 40001 / 40P01 (default DEFAULT_RETRIES = 4: 5 attempts in all; 0: none), with the
+    handler, when the helper owns the transaction; inside yours the error is raised at once (roll back and
+    re-run your transaction). Other options are those of IdempotentCall (ttl, wait, commit_failure,
+    isolation, terminal, retryable, error_payload).
     """
 
     def decorate(handler):
@@ -246,7 +251,13 @@ class Lease:
     parameters and closed at the end. A heartbeat that meets 55006 (the lease was taken over) stops and
     marks the lease lost: ``l.lost`` is True and ``l.check()`` raises LeaseLost, so a long body can stop
     early; completion would raise LeaseLost anyway. Other heartbeat errors are kept in
-    ``l.heartbeat_error`` and the next beat tries again.
+    ``l.heartbeat_error`` (the last one; logged as warnings on the ``idempotency_client`` logger) and the
+    next beat tries again; a LeaseLost raised later by this lease (heartbeat, ``check``, ``complete``,
+    ``fail``) carries that error as its ``heartbeat_error``: when the heartbeats failed, it says why the
+    lease could expire under a live holder.
+
+    The claim, the completion and the failure are transactions of the helper's own: 40001 / 40P01 in them
+    re-run that transaction (``retries``, default 4; ``write`` runs again too).
 
     On a body exception the failure is recorded (idem_fail with the token, retryable unless terminal; see
     IdempotentCall) and committed, and the exception propagates. Outcomes other than claimed / completed
@@ -255,9 +266,11 @@ class Lease:
 
     def __init__(self, conn: psycopg.Connection, key: str, *, ttl: TTL = None, scope: str = "default",
                  fingerprint: Optional[str] = None, wait: bool = True, heartbeat: Optional[float] = None,
-                 heartbeat_conn: Optional[psycopg.Connection] = None,
+                 heartbeat_conn: Optional[psycopg.Connection] = None, retries: int = DEFAULT_RETRIES,
+                 backoff: float = 0.05,
                  failure_policy: Optional[FailurePolicy] = None, terminal=(), retryable=None, error_payload=None):
         self.conn, self.key, self.scope, self.ttl = conn, key, scope, ttl
+        self.retries, self.backoff = retries, backoff
         self.fingerprint, self.wait = fingerprint, wait
         self.interval = _core.heartbeat_interval(ttl, heartbeat)
         self.policy = failure_policy or _core.policy(terminal, retryable, error_payload)
@@ -279,9 +292,8 @@ class Lease:
         conn = self.conn
         if conn.info.transaction_status != TransactionStatus.IDLE:
             raise ValueError("lease needs an idle connection: its claim must commit before the work")
-        with conn.transaction():
-            row = conn.execute(_core.CLAIM_SQL, (self.key, _core.interval(self.ttl), self.scope, self.fingerprint,
-                                                 self.wait)).fetchone()
+        row = self._transaction(lambda: conn.execute(_core.CLAIM_SQL, (
+            self.key, _core.interval(self.ttl), self.scope, self.fingerprint, self.wait)).fetchone())
         self.outcome, self.token, self.attempts, payload, self.expires_at = row
         err = _core.outcome_error(self.outcome, self.key, self.scope, self.attempts, payload, self.expires_at)
         if err is not None:
@@ -303,6 +315,16 @@ class Lease:
             self._thread.start()
         return self
 
+    def _transaction(self, fn):
+        """fn() in a transaction of the helper's own on conn, re-run on 40001 / 40P01."""
+        def once():
+            with self.conn.transaction():
+                return fn()
+        return retry(once, attempts=self.retries + 1, backoff=self.backoff, conn=self.conn)
+
+    def _lease_lost(self, e: BaseException, what: str) -> LeaseLost:
+        return _core.lease_lost(e, what, self.key, self.scope, self.token, heartbeat_error=self.heartbeat_error)
+
     # ---- heartbeats
 
     def _beat_loop(self):
@@ -314,19 +336,24 @@ class Lease:
                 self.beats += 1
             except psycopg.Error as e:
                 if _core.is_lease_lost(e, with_token=True):
-                    self._lost = _core.lease_lost(e, "idem_heartbeat", self.key, self.scope, self.token)
+                    self._lost = self._lease_lost(e, "idem_heartbeat")
                     self._lost.__cause__ = e
                     return
                 self.heartbeat_error = e
+                logger.warning("heartbeat of key %r (scope %r, token %s) failed, next in %.2f s: %s",
+                               self.key, self.scope, self.token, self.interval, e)
             except Exception as e:  # pragma: no cover - kept for the caller, never swallowed silently
                 self.heartbeat_error = e
+                logger.warning("heartbeat of key %r (scope %r, token %s) failed: %r", self.key, self.scope,
+                               self.token, e)
 
     @property
     def lost(self) -> bool:
         return self._lost is not None
 
     def check(self) -> None:
-        """Raises LeaseLost when a heartbeat found the lease taken over."""
+        """Raises LeaseLost when a heartbeat found the lease taken over (its ``heartbeat_error``: the last
+        heartbeat error before)."""
         if self._lost is not None:
             raise self._lost
 
@@ -343,21 +370,23 @@ class Lease:
 
     def complete(self, result: Any = None, *, write: Optional[Callable[[psycopg.Connection], Any]] = None):
         """Stops the heartbeats and, in one transaction, runs ``write(conn)`` (your result rows, an offset)
-        and idem_complete with the token; commits. LeaseLost (and the rollback of ``write``'s rows) when the
-        lease was taken over."""
+        and idem_complete with the token; commits (re-run on 40001 / 40P01, ``write`` included). LeaseLost
+        (and the rollback of ``write``'s rows) when the lease was taken over."""
         if self._settled:
             raise RuntimeError(f"lease of {self.key!r} is already settled")
         self._stop_heartbeats()
         self.result = result
         self._settled = True
+        def once():
+            if write is not None:
+                write(self.conn)
+            self.conn.execute(_core.COMPLETE_SQL, (self.key, _jsonb(result), self.scope, self.token))
+
         try:
-            with self.conn.transaction():
-                if write is not None:
-                    write(self.conn)
-                self.conn.execute(_core.COMPLETE_SQL, (self.key, _jsonb(result), self.scope, self.token))
+            self._transaction(once)
         except psycopg.Error as e:
             if _core.is_lease_lost(e, with_token=True):
-                raise _core.lease_lost(e, "idem_complete", self.key, self.scope, self.token) from e
+                raise self._lease_lost(e, "idem_complete") from e
             raise
 
     def fail(self, error: Any, *, retryable: bool = True) -> str:
@@ -368,12 +397,11 @@ class Lease:
         self._stop_heartbeats()
         self._settled = True
         try:
-            with self.conn.transaction():
-                (self.failure,) = self.conn.execute(
-                    _core.FAIL_SQL, (self.key, _jsonb(error), retryable, self.scope, self.token)).fetchone()
+            (self.failure,) = self._transaction(lambda: self.conn.execute(
+                _core.FAIL_SQL, (self.key, _jsonb(error), retryable, self.scope, self.token)).fetchone())
         except psycopg.Error as e:
             if _core.is_lease_lost(e, with_token=True):
-                raise _core.lease_lost(e, "idem_fail", self.key, self.scope, self.token) from e
+                raise self._lease_lost(e, "idem_fail") from e
             raise
         return self.failure
 
@@ -475,6 +503,7 @@ def process_batch(conn: psycopg.Connection, items: Sequence[Any], handler: Calla
                   *, key: Callable[[Any], str], scope: str = "default", ttl: TTL = None,
                   group: Optional[str] = None, position: Optional[Callable[[Any], Tuple[str, int, int]]] = None,
                   generation: Optional[int] = None, isolation: Optional[str] = None,
+                  retries: int = DEFAULT_RETRIES, backoff: float = 0.05,
                   failure_policy: Optional[FailurePolicy] = None, terminal=(), retryable=None,
                   error_payload=None) -> List[BatchItem]:
     """One poll in one transaction: idem_claim_batch over the items' keys, ``handler(conn, item)`` for each
@@ -488,6 +517,10 @@ def process_batch(conn: psycopg.Connection, items: Sequence[Any], handler: Calla
     transaction -- records one attempt for that key in a short transaction of its own (claim + idem_fail,
     so that a message that always fails reaches max_attempts and becomes terminal), and re-raises: redeliver
     the poll. Fenced (55006 on the offset) and database errors roll everything back and propagate.
+
+    Serialization failures and deadlocks (40001 / 40P01, from the claims, a handler or the commit): when the
+    helper owns the transaction, the whole batch runs again, handlers included, at most ``retries`` times
+    (default 4: 5 attempts in all; 0: none); inside yours they propagate at once.
     """
     items = list(items)
     if not items:
@@ -497,7 +530,10 @@ def process_batch(conn: psycopg.Connection, items: Sequence[Any], handler: Calla
     set_iso = _core.set_isolation_sql(isolation)
     keys = [key(it) for it in items]
     retry_failure: Optional[Tuple[str, BaseException]] = None
-    try:
+
+    def once() -> List[BatchItem]:
+        nonlocal retry_failure
+        retry_failure = None
         with conn.transaction():
             if set_iso and owns:
                 conn.execute(set_iso)
@@ -538,6 +574,11 @@ def process_batch(conn: psycopg.Connection, items: Sequence[Any], handler: Calla
                 for (topic, partition), offset in _last_offsets(items, position).items():
                     record_offset(conn, group, topic, partition, offset, generation)
         return out
+
+    try:
+        if owns and retries > 0:
+            return retry(once, attempts=retries + 1, backoff=backoff, conn=conn)
+        return once()
     except Exception:
         if retry_failure is not None and owns and conn.info.transaction_status == TransactionStatus.IDLE:
             k, e = retry_failure

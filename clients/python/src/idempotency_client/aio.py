@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import sys
 from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -21,7 +22,9 @@ from psycopg.pq import TransactionStatus
 from . import _core
 from ._core import TTL, FailurePolicy
 from ._sync import BatchItem, _jsonb, _last_offsets
-from .errors import Fenced, LeaseLost, is_transient
+from .errors import DEFAULT_RETRIES, Fenced, LeaseLost, is_transient
+
+logger = logging.getLogger("idempotency_client")
 
 __all__ = ["IdempotentCall", "idempotent_call", "idempotent", "Lease", "lease", "retry", "run_transaction",
            "BatchItem", "process_batch", "claim_batch", "complete_batch", "record_offset", "next_offset", "offsets"]
@@ -117,9 +120,10 @@ def idempotent_call(conn, key, **options) -> IdempotentCall:
 
 
 def idempotent(scope: str = "default", *, key: Optional[Callable[..., str]] = None,
-               fingerprint: Optional[Callable[..., Optional[str]]] = None, retries: int = 0,
+               fingerprint: Optional[Callable[..., Optional[str]]] = None, retries: int = DEFAULT_RETRIES,
                backoff: float = 0.05, **options):
-    """Decorator for ``async def handler(conn, *args, **kwargs)``; see idempotency_client.idempotent."""
+    """Decorator for ``async def handler(conn, *args, **kwargs)``; see idempotency_client.idempotent
+    (``retries``: 40001 / 40P01 re-run the whole transaction, default 4 times, when the helper owns it)."""
 
     def decorate(handler):
         @functools.wraps(handler)
@@ -179,13 +183,17 @@ async def run_transaction(conn: psycopg.AsyncConnection, fn, *, attempts: int = 
 
 class Lease:
     """``async with lease(conn, key, ttl=30) as l:`` -- the asyncio form of idempotency_client.Lease;
-    heartbeats run as an asyncio task on a connection of their own."""
+    heartbeats run as an asyncio task on a connection of their own (``heartbeat_conn``, or one opened with
+    ``conn``'s parameters). Same ``retries`` of its claim / complete / fail transactions, same
+    ``heartbeat_error`` on the LeaseLost it raises."""
 
     def __init__(self, conn: psycopg.AsyncConnection, key: str, *, ttl: TTL = None, scope: str = "default",
                  fingerprint: Optional[str] = None, wait: bool = True, heartbeat: Optional[float] = None,
-                 heartbeat_conn: Optional[psycopg.AsyncConnection] = None,
+                 heartbeat_conn: Optional[psycopg.AsyncConnection] = None, retries: int = DEFAULT_RETRIES,
+                 backoff: float = 0.05,
                  failure_policy: Optional[FailurePolicy] = None, terminal=(), retryable=None, error_payload=None):
         self.conn, self.key, self.scope, self.ttl = conn, key, scope, ttl
+        self.retries, self.backoff = retries, backoff
         self.fingerprint, self.wait = fingerprint, wait
         self.interval = _core.heartbeat_interval(ttl, heartbeat)
         self.policy = failure_policy or _core.policy(terminal, retryable, error_payload)
@@ -204,10 +212,12 @@ class Lease:
         conn = self.conn
         if conn.info.transaction_status != TransactionStatus.IDLE:
             raise ValueError("lease needs an idle connection: its claim must commit before the work")
-        async with conn.transaction():
+        async def claim():
             cur = await conn.execute(_core.CLAIM_SQL, (self.key, _core.interval(self.ttl), self.scope,
                                                        self.fingerprint, self.wait))
-            row = await cur.fetchone()
+            return await cur.fetchone()
+
+        row = await self._transaction(claim)
         self.outcome, self.token, self.attempts, payload, self.expires_at = row
         err = _core.outcome_error(self.outcome, self.key, self.scope, self.attempts, payload, self.expires_at)
         if err is not None:
@@ -228,6 +238,16 @@ class Lease:
             self._task = asyncio.ensure_future(self._beat_loop())
         return self
 
+    async def _transaction(self, fn):
+        """await fn() in a transaction of the helper's own on conn, re-run on 40001 / 40P01."""
+        async def once():
+            async with self.conn.transaction():
+                return await fn()
+        return await retry(once, attempts=self.retries + 1, backoff=self.backoff, conn=self.conn)
+
+    def _lease_lost(self, e: BaseException, what: str) -> LeaseLost:
+        return _core.lease_lost(e, what, self.key, self.scope, self.token, heartbeat_error=self.heartbeat_error)
+
     async def _beat_loop(self):
         while True:
             await asyncio.sleep(self.interval)
@@ -239,10 +259,12 @@ class Lease:
                 self.beats += 1
             except psycopg.Error as e:
                 if _core.is_lease_lost(e, with_token=True):
-                    self._lost = _core.lease_lost(e, "idem_heartbeat", self.key, self.scope, self.token)
+                    self._lost = self._lease_lost(e, "idem_heartbeat")
                     self._lost.__cause__ = e
                     return
                 self.heartbeat_error = e
+                logger.warning("heartbeat of key %r (scope %r, token %s) failed, next in %.2f s: %s",
+                               self.key, self.scope, self.token, self.interval, e)
 
     @property
     def lost(self) -> bool:
@@ -271,14 +293,16 @@ class Lease:
         await self._stop_heartbeats()
         self.result = result
         self._settled = True
+        async def once():
+            if write is not None:
+                await write(self.conn)
+            await self.conn.execute(_core.COMPLETE_SQL, (self.key, _jsonb(result), self.scope, self.token))
+
         try:
-            async with self.conn.transaction():
-                if write is not None:
-                    await write(self.conn)
-                await self.conn.execute(_core.COMPLETE_SQL, (self.key, _jsonb(result), self.scope, self.token))
+            await self._transaction(once)
         except psycopg.Error as e:
             if _core.is_lease_lost(e, with_token=True):
-                raise _core.lease_lost(e, "idem_complete", self.key, self.scope, self.token) from e
+                raise self._lease_lost(e, "idem_complete") from e
             raise
 
     async def fail(self, error: Any, *, retryable: bool = True) -> str:
@@ -286,14 +310,16 @@ class Lease:
             raise RuntimeError(f"lease of {self.key!r} is already settled")
         await self._stop_heartbeats()
         self._settled = True
+        async def once():
+            cur = await self.conn.execute(_core.FAIL_SQL, (self.key, _jsonb(error), retryable, self.scope,
+                                                           self.token))
+            return (await cur.fetchone())[0]
+
         try:
-            async with self.conn.transaction():
-                cur = await self.conn.execute(_core.FAIL_SQL, (self.key, _jsonb(error), retryable, self.scope,
-                                                               self.token))
-                (self.failure,) = await cur.fetchone()
+            self.failure = await self._transaction(once)
         except psycopg.Error as e:
             if _core.is_lease_lost(e, with_token=True):
-                raise _core.lease_lost(e, "idem_fail", self.key, self.scope, self.token) from e
+                raise self._lease_lost(e, "idem_fail") from e
             raise
         return self.failure
 
@@ -359,9 +385,11 @@ async def offsets(conn, group: str, topic: Optional[str] = None) -> Dict[Tuple[s
 
 async def process_batch(conn, items, handler, *, key, scope: str = "default", ttl: TTL = None,
                         group: Optional[str] = None, position=None, generation: Optional[int] = None,
-                        isolation: Optional[str] = None, failure_policy: Optional[FailurePolicy] = None,
+                        isolation: Optional[str] = None, retries: int = DEFAULT_RETRIES, backoff: float = 0.05,
+                        failure_policy: Optional[FailurePolicy] = None,
                         terminal=(), retryable=None, error_payload=None) -> List[BatchItem]:
-    """The asyncio form of idempotency_client.process_batch (``await handler(conn, item)``)."""
+    """The asyncio form of idempotency_client.process_batch (``await handler(conn, item)``; the same
+    re-runs of the whole batch on 40001 / 40P01 when the helper owns the transaction)."""
     items = list(items)
     if not items:
         return []
@@ -370,7 +398,10 @@ async def process_batch(conn, items, handler, *, key, scope: str = "default", tt
     set_iso = _core.set_isolation_sql(isolation)
     keys = [key(it) for it in items]
     retry_failure = None
-    try:
+
+    async def once() -> List[BatchItem]:
+        nonlocal retry_failure
+        retry_failure = None
         async with conn.transaction():
             if set_iso and owns:
                 await conn.execute(set_iso)
@@ -411,6 +442,11 @@ async def process_batch(conn, items, handler, *, key, scope: str = "default", tt
                 for (topic, partition), offset in _last_offsets(items, position).items():
                     await record_offset(conn, group, topic, partition, offset, generation)
         return out
+
+    try:
+        if owns and retries > 0:
+            return await retry(once, attempts=retries + 1, backoff=backoff, conn=conn)
+        return await once()
     except Exception:
         if retry_failure is not None and owns and conn.info.transaction_status == TransactionStatus.IDLE:
             k, e = retry_failure

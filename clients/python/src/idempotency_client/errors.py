@@ -6,7 +6,8 @@ Two families, kept apart on purpose:
   helpers instead of running the handler, and ``LeaseLost`` / ``Fenced`` (SQLSTATE 55006: a fencing token
   or a consumer-group generation that is no longer current). Retrying the same transaction cannot fix
   these, so ``retry`` never retries them. The database error behind ``LeaseLost`` is its ``__cause__``
-  (and ``.pgerror``).
+  (and ``.pgerror``); the last error a heartbeat of the lease met before (often why the lease expired: the
+  heartbeat connection broke, the database was unreachable) is ``.heartbeat_error``.
 * transient database errors (``40001`` serialization_failure, ``40P01`` deadlock_detected): psycopg's own
   exceptions, raised unchanged; ``retry`` / ``run_transaction`` re-run the whole transaction on them.
 
@@ -18,11 +19,16 @@ from typing import Any, Optional
 
 __all__ = [
     "IdempotencyError", "OutcomeError", "InProgress", "Failed", "Mismatch", "LeaseLost", "Fenced",
-    "TerminalError", "RETRY_SQLSTATES", "is_transient",
+    "TerminalError", "RETRY_SQLSTATES", "DEFAULT_ATTEMPTS", "DEFAULT_RETRIES", "is_transient",
 ]
 
 # What a client answers by running the whole transaction again.
 RETRY_SQLSTATES = ("40001", "40P01")
+
+# Attempts in all of a transaction the helpers own, on 40001 / 40P01 (the Go and Node libraries' default
+# too): ``retries=DEFAULT_RETRIES`` re-runs it at most 4 times after the first.
+DEFAULT_ATTEMPTS = 5
+DEFAULT_RETRIES = DEFAULT_ATTEMPTS - 1
 
 
 class IdempotencyError(Exception):
@@ -83,13 +89,19 @@ class LeaseLost(IdempotencyError):
     one (the lease expired and another worker took the key over), so this holder's result is refused and
     its transaction rolled back. Also raised, with sqlstate 'P0002', when a two-transaction holder's key no
     longer exists at all (its lease expired long ago and maintenance reclaimed it). ``pgerror`` and
-    ``__cause__`` are psycopg's error."""
+    ``__cause__`` are psycopg's error.
+
+    ``heartbeat_error``: raised by a ``lease``, the last error one of its heartbeats met before (a psycopg
+    error such as a broken heartbeat connection or a statement timeout: the reason the lease could expire
+    while its holder was alive), or None when every heartbeat went through (or none ran)."""
 
     def __init__(self, message: str, *, key: Optional[str] = None, scope: Optional[str] = None,
-                 token: Optional[int] = None, pgerror: Optional[BaseException] = None):
+                 token: Optional[int] = None, pgerror: Optional[BaseException] = None,
+                 heartbeat_error: Optional[BaseException] = None):
         super().__init__(message)
         self.key, self.scope, self.token, self.pgerror = key, scope, token, pgerror
         self.sqlstate = getattr(pgerror, "sqlstate", None)
+        self.heartbeat_error = heartbeat_error
 
 
 class Fenced(LeaseLost):

@@ -26,18 +26,22 @@ live one.
 """
 from __future__ import annotations
 
+import logging
 import sys
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from psycopg.pq import TransactionStatus
 
-from ._sync import BatchItem, IdempotentCall, offsets, process_batch, record_offset
-from .errors import Failed, Mismatch
+from ._sync import BatchItem, IdempotentCall, offsets, process_batch, record_offset, retry
+from .errors import DEFAULT_RETRIES, Failed, Mismatch
 
 try:  # the optional extra; the module stays importable for its pure functions
     from confluent_kafka import KafkaError, KafkaException, TopicPartition
 except ImportError:  # pragma: no cover
     KafkaError = KafkaException = TopicPartition = None
+
+logger = logging.getLogger("idempotency_client.kafka")
+_COMMIT_ERRORS = (KafkaException,) if KafkaException is not None else ()
 
 __all__ = ["IdempotentConsumer", "group_generation", "header_key", "UnsupportedGroupMetadata"]
 
@@ -89,11 +93,18 @@ class IdempotentConsumer:
       cooperative-sticky assignor (incremental_assign instead of assign).
     * ``process(messages, handler)``: one transaction per poll (process_batch): idem_claim_batch,
       ``handler(conn, msg)`` for new keys, idem_complete_batch, idem_record_offset(group, topic, partition,
-      last offset, generation) per partition; then, as a courtesy, the broker commit. When the batch raises
-      (a retryable handler failure, a database error), each partition of the batch is sought back to its
-      first offset so the messages come again, and the error propagates; ``Fenced`` means this consumer is a
-      zombie (a newer generation owns a partition).
+      last offset, generation) per partition; then, as a courtesy, the broker commit. A serialization
+      failure or deadlock (40001 / 40P01) runs the whole poll's transaction again (``retries``, default 4:
+      5 attempts in all). When the batch raises (a retryable handler failure, a database error, the last
+      40001), each partition of the batch is sought back to its first offset so the messages come again,
+      and the error propagates; ``Fenced`` means this consumer is a zombie (a newer generation owns a
+      partition).
     * ``handle(message, handler)``: the same for one message, with IdempotentCall (savepoint, idem_fail).
+
+    The broker commit is best-effort: it comes after the database committed, which holds the positions the
+    helper seeks to; a ``KafkaException`` from it (a rebalance in progress, an unknown member, a coordinator
+    that moved) is logged as a warning on the ``idempotency_client.kafka`` logger, kept in
+    ``last_commit_error`` (counted in ``commit_errors``) and not raised: the poll is done.
     """
 
     def __init__(self, consumer, conn, group: str, *, scope: Optional[str] = None,
@@ -105,6 +116,8 @@ class IdempotentConsumer:
         self.cooperative, self.commit_to_broker = cooperative, commit_to_broker
         self.generation: Optional[int] = None
         self.assigned: Dict[Tuple[str, int], int] = {}  # partition -> offset it was positioned at
+        self.last_commit_error: Optional[BaseException] = None  # the last failed broker commit's error
+        self.commit_errors = 0
         self._user_on_assign = self._user_on_revoke = None
 
     # ---- assignment
@@ -160,7 +173,8 @@ class IdempotentConsumer:
         return out
 
     def process(self, messages: Sequence[Any], handler: Callable[[Any, Any], Any], **options) -> List[BatchItem]:
-        """One poll in one transaction (see the class doc); options go to process_batch (ttl, terminal, ...)."""
+        """One poll in one transaction (see the class doc); options go to process_batch (ttl, terminal,
+        isolation, retries, ...)."""
         messages = list(messages)
         if not messages:
             return []
@@ -173,21 +187,24 @@ class IdempotentConsumer:
         self._commit_to_broker(messages)
         return out
 
-    def handle(self, message, handler: Callable[..., Any], **options) -> Tuple[Any, bool]:
+    def handle(self, message, handler: Callable[..., Any], *, retries: int = DEFAULT_RETRIES,
+               backoff: float = 0.05, **options) -> Tuple[Any, bool]:
         """One message in one transaction: IdempotentCall (claim, handler(conn, message), complete) and
         idem_record_offset, committed together. Returns (result, replayed).
 
         When it raises: a retryable handler failure is recorded (idem_fail, committed without the offset)
         and the partition sought back to the message; a terminal one (TerminalError, ``terminal`` types)
         and the outcomes Failed / Mismatch are committed WITH the offset (the message is done: route it to
-        a dead-letter topic); InProgress, Fenced and database errors roll back and seek back."""
+        a dead-letter topic); InProgress, Fenced and database errors roll back and seek back. 40001 / 40P01
+        run the whole transaction again, handler included (``retries``, default 4)."""
         if self.conn.info.transaction_status != TransactionStatus.IDLE:
             raise ValueError("handle needs an idle connection: it commits the message and its offset together")
         k = self.key(message)
         topic, partition, offset = _position(message)
-        settled = None  # the exception to raise after the commit
-        advance = True
-        try:
+
+        def once():
+            settled = None  # the exception to raise after the commit
+            advance = True
             with self.conn.transaction():
                 call = IdempotentCall(self.conn, k, scope=self.scope, **options)
                 try:
@@ -202,6 +219,10 @@ class IdempotentConsumer:
                     settled, advance = e, call.failure == "failed"  # terminal now: done, dead-letter it
                 if advance:
                     record_offset(self.conn, self.group, topic, partition, offset, self.generation)
+            return call, settled, advance
+
+        try:
+            call, settled, advance = retry(once, attempts=retries + 1, backoff=backoff, conn=self.conn)
         except BaseException:
             self._rewind([message])
             raise
@@ -225,11 +246,22 @@ class IdempotentConsumer:
                 pass
 
     def _commit_to_broker(self, messages):
-        """The courtesy commit (the database is the truth): next offset of each partition, synchronously."""
+        """The courtesy commit (the database is the truth): next offset of each partition, synchronously,
+        best-effort. A KafkaException (e.g. REBALANCE_IN_PROGRESS, UNKNOWN_MEMBER_ID during a rebalance)
+        comes after the database committed: it is logged and kept in ``last_commit_error``, not raised;
+        the next owner of the partition seeks to the database's offset anyway."""
         if not self.commit_to_broker:
             return
         last: Dict[Tuple[str, int], int] = {}
         for m in messages:
             t, p, o = _position(m)
             last[(t, p)] = max(o, last.get((t, p), o))
-        self.consumer.commit(offsets=[TopicPartition(t, p, o + 1) for (t, p), o in last.items()], asynchronous=False)
+        try:
+            self.consumer.commit(offsets=[TopicPartition(t, p, o + 1) for (t, p), o in last.items()],
+                                 asynchronous=False)
+        except _COMMIT_ERRORS as e:
+            self.last_commit_error = e
+            self.commit_errors += 1
+            logger.warning("group %r: broker offset commit of %s failed after the database committed (the "
+                           "database's offsets stay the truth): %s", self.group,
+                           ", ".join(f"{t}[{p}]@{o + 1}" for (t, p), o in last.items()), e)
