@@ -3,12 +3,10 @@ RabbitMQ and NATS JetStream).
 
 * `setup_db`: a fresh database with the extension and the ledger table `e2e.ledger`, which deliberately
   has no unique constraint on the message key, so that a message applied twice shows up as two rows;
-* `Provider` and `pay`: the payment side effect *outside* the database, in two-transaction mode, against
-  tests/e2e/provider.py (an HTTP payment provider that deduplicates by Idempotency-Key);
-* `apply_ledger`: the ledger rows *inside* the database, in ONE transaction with the claims and the
-  completions (and whatever else the caller adds to that transaction, e.g. Kafka offsets);
-  (`pay` and `apply_ledger` are hand-written SQL, used by the Kafka run; the tests/brokers consumers do the
-  same with the client library idempotency_client instead, and share only Provider and what follows)
+* `Provider`: the client of tests/e2e/provider.py, the HTTP payment provider (it deduplicates by
+  Idempotency-Key) that the consumers charge *outside* the database, in two-transaction mode; the
+  consumers themselves (tests/e2e/consumer.py, tests/brokers/consumer.py) are written with the client
+  library idempotency_client (clients/python), not here;
 * `verify_ledger`: the checks at the end of a run (every produced message exactly once in the ledger,
   with its amount and its one charge; nothing else; every key completed);
 * `read_events`: the consumers' JSON-lines event logs.
@@ -26,9 +24,6 @@ import subprocess
 import time
 
 import psycopg
-from psycopg.types.json import Jsonb
-
-from pgtools import RETRY_SQLSTATES  # 40001, 40P01: the whole transaction again
 
 LEDGER_DDL = """
     CREATE SCHEMA e2e;
@@ -53,11 +48,7 @@ def setup_db(dsn, db):
         c.execute(LEDGER_DDL)
 
 
-def no_chaos(point):
-    pass
-
-
-# ---- the payment, outside the database (two-transaction mode) -------------------------------------
+# ---- the payment provider's client -----------------------------------------------------------------
 
 
 class Provider:
@@ -82,169 +73,6 @@ class Provider:
                 self.conn = None
                 time.sleep(0.1 * (attempt + 1))
         raise RuntimeError("provider unreachable")
-
-
-def pay(db, provider, msgs, lease, chaos_point=no_chaos, keepalive=None):
-    """Charges every message once at the provider; returns ({key: charge}, counters).
-
-        idem_claim_batch(keys, ttl, 'payment')        -- its own transaction: leases + fencing tokens
-        POST /charges (Idempotency-Key: key) ...        -- idem_heartbeat while the calls take long
-        idem_complete_batch(keys, charges, 'payment', tokens)   -- 55006 if a lease was taken over
-
-    `db` is an autocommit connection. A key another holder leases is retried until that lease ends; a
-    key already completed replays the stored charge. A crash between the HTTP call and the completion
-    makes the next holder call again, with the same key: the provider's deduplication, not the
-    extension, makes that call harmless. `chaos_point("after_http")` is called after each charge;
-    `keepalive()`, when given, whenever the leases are extended (e.g. to tell the broker we are alive).
-    """
-    amounts = {}
-    for m in msgs:
-        amounts.setdefault(m["key"], m["amount"])
-    charges, todo, st = {}, list(amounts), {"claimed": 0, "replayed": 0, "waited": 0, "takeover": 0,
-                                             "provider_dedup": 0, "fenced": 0, "heartbeats": 0}
-    deadline = time.monotonic() + 120
-    while todo:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"payment keys stuck in progress: {todo[:5]}")
-        rows = db.execute(
-            "SELECT key, outcome, token, attempts, payload FROM "
-            "idem_claim_batch(%s, ttl => make_interval(secs => %s), scope => 'payment')",
-            (todo, lease)).fetchall()
-        mine, busy = [], []
-        for key, outcome, token, attempts, payload in rows:
-            if outcome == "claimed":
-                mine.append((key, token))
-                st["claimed"] += 1
-                st["takeover"] += attempts > 1
-            elif outcome == "completed":  # done before (by us before a crash, or by another)
-                charges[key] = payload["charge"]
-                st["replayed"] += 1
-            elif outcome == "in_progress":  # another holder's lease is live: retry after it ends
-                busy.append(key)
-            else:
-                raise RuntimeError(f"payment {key}: {outcome} {payload}")
-        done, last_beat, lost = [], time.monotonic(), set()
-        for i, (key, token) in enumerate(mine):
-            if key in lost:
-                continue
-            if time.monotonic() - last_beat > lease / 3:  # a long batch: extend the leases left
-                lost |= heartbeat(db, mine[i:], lease, st)
-                if keepalive is not None:
-                    keepalive()
-                last_beat = time.monotonic()
-                if key in lost:  # taken over while we were slow: the new holder does it
-                    continue
-            body, dedup = provider.charge(key, amounts[key])
-            st["provider_dedup"] += dedup
-            chaos_point("after_http")
-            done.append((key, token, body["charge"]))
-        if done:
-            try:
-                db.execute(
-                    "SELECT idem_complete_batch(%s, %s::jsonb[], 'payment', %s::bigint[])",
-                    ([k for k, _, _ in done], [Jsonb({"charge": c}) for _, _, c in done],
-                     [t for _, t, _ in done]))
-                charges.update({k: c for k, _, c in done})
-            except psycopg.errors.ObjectInUse:
-                # a lease was taken over (we were frozen past it): complete the others one by one;
-                # the lost keys go round again and replay the new holder's result
-                for key, token, charge in done:
-                    try:
-                        db.execute("SELECT idem_complete(%s, %s, 'payment', %s::bigint)",
-                                   (key, Jsonb({"charge": charge}), token))
-                        charges[key] = charge
-                    except psycopg.errors.ObjectInUse:
-                        st["fenced"] += 1
-                        busy.append(key)
-        busy += sorted(lost)
-        todo = busy
-        if busy:
-            st["waited"] += len(busy)
-            if keepalive is not None:
-                keepalive()
-            time.sleep(0.5)
-    return charges, st
-
-
-def heartbeat(db, leases, lease, st):
-    """Extends the leases of [(key, token)]; returns the keys whose lease was lost (55006)."""
-    st["heartbeats"] += 1
-    try:
-        db.execute(
-            "SELECT idem_heartbeat(k, make_interval(secs => %s), 'payment', t) "
-            "FROM unnest(%s::text[], %s::bigint[]) AS u(k, t)",
-            (lease, [k for k, _ in leases], [t for _, t in leases])).fetchall()
-        return set()
-    except psycopg.errors.ObjectInUse:  # one at least was taken over: find which, keep the others
-        lost = set()
-        for key, token in leases:
-            try:
-                db.execute("SELECT idem_heartbeat(%s, make_interval(secs => %s), 'payment', %s)",
-                           (key, lease, token))
-            except psycopg.errors.ObjectInUse:
-                lost.add(key)
-        st["fenced"] += len(lost)
-        return lost
-
-
-# ---- the ledger, inside the database (one transaction) ---------------------------------------------
-
-
-def apply_ledger(db, msgs, charges, consumer, generation=None, claim="batch", also=None,
-                 chaos_point=no_chaos):
-    """Applies msgs to the ledger in ONE transaction; returns the ledger counters.
-
-        BEGIN; idem_claim_batch(keys, scope => 'ledger')      (claim="batch"; or one idem_claim per
-               INSERT INTO e2e.ledger ... (the claimed ones)    message with claim="single")
-               idem_complete_batch(claimed, payloads, 'ledger')
-               also(db)                                          (the caller's part, e.g. offsets)
-        COMMIT
-
-    msgs are dicts with key, amount and optionally partition, offset. A serialization failure or a
-    deadlock runs the whole transaction again; every other database error propagates as psycopg raised
-    it (a 55006 of the caller's `also`, for one). `chaos_point("mid_txn")` is called before COMMIT.
-    """
-    keys = [m["key"] for m in msgs]
-    for attempt in range(10):
-        try:
-            with db.transaction():
-                if claim == "batch":
-                    outcome = [o for (o,) in db.execute(
-                        "SELECT outcome FROM idem_claim_batch(%s, scope => 'ledger')", (keys,)).fetchall()]
-                else:
-                    outcome = [db.execute("SELECT outcome FROM idem_claim(%s, scope => 'ledger')",
-                                          (k,)).fetchone()[0] for k in keys]
-                other = collections.Counter(o for o in outcome
-                                            if o not in ("claimed", "completed", "in_progress"))
-                if other:  # failed / mismatch: nothing here makes them; a run that sees one is broken
-                    raise RuntimeError(f"unexpected ledger claim outcomes {dict(other)}")
-                claimed = [m for m, o in zip(msgs, outcome) if o == "claimed"]
-                if claimed:
-                    with db.cursor() as cur:
-                        cur.executemany(
-                            "INSERT INTO e2e.ledger (msg_key, partition, kafka_offset, amount, charge,"
-                            " consumer, generation) VALUES (%s, %s, %s, %s, %s, %s, %s)",
-                            [(m["key"], m.get("partition"), m.get("offset"), m["amount"],
-                              charges[m["key"]], consumer, generation) for m in claimed])
-                    if claim == "batch":
-                        db.execute("SELECT idem_complete_batch(%s, %s::jsonb[], 'ledger')",
-                                   ([m["key"] for m in claimed],
-                                    [Jsonb({"charge": charges[m["key"]]}) for m in claimed]))
-                    else:
-                        for m in claimed:
-                            db.execute("SELECT idem_complete(%s, %s, 'ledger')",
-                                       (m["key"], Jsonb({"charge": charges[m["key"]]})))
-                if also is not None:
-                    also(db)
-                chaos_point("mid_txn")
-            return {"claimed": len(claimed),
-                    "completed": sum(o == "completed" for o in outcome),
-                    "in_batch_repeat": sum(o == "in_progress" for o in outcome)}
-        except psycopg.Error as e:
-            if e.sqlstate not in RETRY_SQLSTATES:
-                raise
-            time.sleep(0.05 * (attempt + 1))
-    raise RuntimeError("ledger transaction kept failing")
 
 
 # ---- the end of a run -------------------------------------------------------------------------------

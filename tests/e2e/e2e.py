@@ -31,7 +31,9 @@ PY = sys.executable
 PROFILES = {
     # chaos runs for chaos_s, longer (up to chaos_max_s) until min_kills kills happened; the producer
     # spreads its messages over produce_s; an action every gap seconds
-    "quick": dict(m=5000, parts=6, k=4, produce_s=75, chaos_s=80, chaos_max_s=80, min_kills=0,
+    # Fewer than max(1, min_kills) kills, no redelivery or no duplicate suppressed is a violation: such
+    # a run did not test what it claims to (chaos_violations).
+    "quick": dict(m=5000, parts=6, k=4, produce_s=75, chaos_s=80, chaos_max_s=100, min_kills=4,
                   gap=(2.0, 5.0), drain_s=120),
     "long": dict(m=20000, parts=6, k=4, produce_s=360, chaos_s=360, chaos_max_s=480, min_kills=50,
                  gap=(2.0, 6.0), drain_s=240),
@@ -192,7 +194,7 @@ def main():
         fleet.stop_all()
         stats = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{provider_port}/stats").read())
         violations = verify(db, group, topic, high, produced_file, stats)
-        figures(run_dir, fleet, produced_file, stats, db, violations, drain, args.generation)
+        figures(run_dir, fleet, produced_file, stats, db, violations, drain, args.generation, cfg)
     finally:
         fleet.stop_all()
         for p in children:
@@ -213,7 +215,21 @@ def verify(db, group, topic, high, produced_file, stats):
     return v
 
 
-def figures(run_dir, fleet, produced_file, stats, db, violations, drain, gen_mode):
+def chaos_violations(cfg, kills, redelivered, suppressed):
+    """A run that did not test what it claims to is a failed run: fewer kills than the profile needs (at
+    least one), no record delivered twice, no duplicate suppressed by the ledger claims."""
+    v = []
+    if kills < max(1, cfg["min_kills"]):
+        v.append(f"only {kills} kills (kill -9), the profile needs at least {max(1, cfg['min_kills'])}: "
+                 "the run did not test crashes")
+    if redelivered == 0:
+        v.append("no record was delivered twice: the run did not test redeliveries")
+    if suppressed == 0:
+        v.append("no duplicate was suppressed by the ledger claims: the run did not test duplicates")
+    return v
+
+
+def figures(run_dir, fleet, produced_file, stats, db, violations, drain, gen_mode, cfg):
     with open(produced_file) as f:
         prod = json.load(f)
     evs = read_events(run_dir)
@@ -239,6 +255,8 @@ def figures(run_dir, fleet, produced_file, stats, db, violations, drain, gen_mod
             c["frozen at " + e["point"]] += 1
         elif e["ev"] in ("fenced", "broker_commit_failed"):
             c[e["ev"]] += 1
+        elif e["ev"] == "poll_error":
+            c["poll_error"] += e["n"]
         elif e["ev"] == "assign":
             c["assignments"] += 1
             for p, off in e["db"].items():
@@ -286,10 +304,13 @@ def figures(run_dir, fleet, produced_file, stats, db, violations, drain, gen_mod
         ("most claims of one payment key (attempts)", max_attempts),
         ("payment completions / heartbeats fenced (55006, lease lost)", c["payment fenced"]),
         ("payment lease heartbeats", c["payment heartbeats"]),
+        ("broker commits failed after the database's (not raised)", c["broker_commit_failed"]),
+        ("consumer errors skipped by poll_batch (not fatal)", c["poll_error"]),
         ("provider requests / charges created", f"{stats['stats']['requests']} / {stats['stats']['created']}"),
         ("provider duplicates absorbed by its Idempotency-Key", stats["stats"]["replayed"]),
         ("drain after chaos (s)", f"{drain:.0f}"),
     ]
+    violations += chaos_violations(cfg, kills, redelivered, c["ledger completed"] + c["ledger in_batch_repeat"])
     for k, n in fig:
         print(f"{k:<62} {n}")
     for x in violations:

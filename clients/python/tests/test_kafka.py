@@ -385,3 +385,74 @@ def test_handle_retries_a_deadlock_from_the_handler(connect, table, scope):
 
     assert ic.handle(m, once_deadlocked) == ({"offset": 0}, False)
     assert calls == ["deadlock", 0] and count(conn, table) == 1 and ic.stored_offsets() == {("t", 0): 1}
+
+
+class ErrorEvent:
+    """What consume() hands back for a consumer error: a message object whose error() is set."""
+
+    def __init__(self, err):
+        self._err = err
+
+    def error(self): return self._err
+    def topic(self): return None
+    def partition(self): return None
+    def offset(self): return None
+
+
+class ErroringFakeConsumer(FakeConsumer):
+    """consume() mixes the queued error events in with the messages, after the first message, as librdkafka
+    does when a broker connection drops in the middle of a fetch."""
+
+    def __init__(self, group, logs):
+        super().__init__(group, logs)
+        self.errors = []
+
+    def consume(self, num_messages=1, timeout=-1):
+        got = super().consume(num_messages, timeout)
+        out = got[:1] + [ErrorEvent(e) for e in self.errors] + got[1:]
+        self.errors = []
+        return out
+
+
+def test_poll_batch_skips_non_fatal_errors_without_losing_the_messages_that_came_with_them(connect, table, scope,
+                                                                                            caplog):
+    from confluent_kafka import KafkaError, KafkaException
+
+    logs, calls = {}, []
+    for i in range(5):
+        produce(logs, "orders", 0, f"e{i}", b"v")
+    conn, group = connect(), "pe-" + scope
+    c = ErroringFakeConsumer(group, logs)
+    ic = IdempotentConsumer(c, conn, group, scope=scope)
+    ic.subscribe(["orders"])
+    c.rebalance(1, [("orders", 0)])
+    c.errors = [KafkaError(KafkaError._TRANSPORT, "broker connection lost"), KafkaError(KafkaError._PARTITION_EOF)]
+    with caplog.at_level("WARNING", logger="idempotency_client.kafka"):
+        msgs = ic.poll_batch(3)
+    assert [m.offset() for m in msgs] == [0, 1, 2]  # none dropped: the next poll goes on from 3
+    assert ic.poll_errors == 1 and ic.last_poll_error.code() == KafkaError._TRANSPORT
+    assert any("consumer error" in r.getMessage() for r in caplog.records)
+    ic.process(msgs, make_apply(table, calls))
+    # a fatal error: the consumer is unusable; the messages taken in the same call are sought back first
+    c.errors = [KafkaError(KafkaError._FATAL, "fenced by a newer instance", fatal=True)]
+    with pytest.raises(KafkaException):
+        ic.poll_batch(10)
+    assert c.positions[("orders", 0)] == 3
+    assert [m.offset() for m in ic.poll_batch(10)] == [3, 4]
+    assert calls == [0, 1, 2] and ic.stored_offsets() == {("orders", 0): 3}
+
+
+def test_process_refuses_a_transaction_of_the_callers(connect, table, scope):
+    """Inside the caller's transaction the broker commit would come before the database's: refused."""
+    logs, calls = {}, []
+    produce(logs, "orders", 0, "t0", b"v")
+    conn, group = connect(), "tx-" + scope
+    c = FakeConsumer(group, logs)
+    ic = IdempotentConsumer(c, conn, group, scope=scope)
+    ic.subscribe(["orders"])
+    c.rebalance(1, [("orders", 0)])
+    msgs = ic.poll_batch(1)
+    with conn.transaction():
+        with pytest.raises(ValueError):
+            ic.process(msgs, make_apply(table, calls))
+    assert calls == [] and c.broker_committed == {} and ic.stored_offsets() == {}

@@ -100,6 +100,9 @@ class IdempotentConsumer:
       and the error propagates; ``Fenced`` means this consumer is a zombie (a newer generation owns a
       partition).
     * ``handle(message, handler)``: the same for one message, with IdempotentCall (savepoint, idem_fail).
+    * ``poll_batch(n, timeout)``: consume(); non-fatal consumer errors are logged and skipped (kept in
+      ``last_poll_error``, counted in ``poll_errors``), never at the cost of the messages that came with
+      them; a fatal one rewinds those messages and raises.
 
     The broker commit is best-effort: it comes after the database committed, which holds the positions the
     helper seeks to; a ``KafkaException`` from it (a rebalance in progress, an unknown member, a coordinator
@@ -118,6 +121,8 @@ class IdempotentConsumer:
         self.assigned: Dict[Tuple[str, int], int] = {}  # partition -> offset it was positioned at
         self.last_commit_error: Optional[BaseException] = None  # the last failed broker commit's error
         self.commit_errors = 0
+        self.last_poll_error = None  # the last non-fatal KafkaError poll_batch skipped
+        self.poll_errors = 0
         self._user_on_assign = self._user_on_revoke = None
 
     # ---- assignment
@@ -160,24 +165,46 @@ class IdempotentConsumer:
     # ---- polling
 
     def poll_batch(self, max_messages: int = 500, timeout: float = 1.0) -> List[Any]:
-        """consume() up to max_messages; partition-EOF events are dropped, other errors raise KafkaException."""
-        out = []
+        """consume() up to max_messages; returns the messages, never drops one.
+
+        The error events consume() mixes in with the messages: partition EOF is skipped; a non-fatal error
+        (a broker connection lost, a coordinator moving, a poll interval exceeded: librdkafka recovers from
+        them itself) is logged as a warning, kept in ``last_poll_error`` (counted in ``poll_errors``) and
+        skipped, and the messages of the same call are returned; a fatal error (``KafkaError.fatal()``: the
+        consumer instance is unusable) seeks the partitions of the messages already taken in this call back
+        to their first offsets and raises ``KafkaException``. Raising on a non-fatal error instead would
+        lose the messages that came in the same call to a caller that catches it and polls on: librdkafka
+        has moved its positions past them, and the next poll's offset would be recorded beyond them."""
+        out, errors = [], []
         for msg in self.consumer.consume(num_messages=max_messages, timeout=timeout):
             err = msg.error()
             if err is None:
                 out.append(msg)
             elif KafkaError is not None and err.code() == KafkaError._PARTITION_EOF:
                 continue
-            else:
+            elif hasattr(err, "fatal") and err.fatal():
+                self._rewind(out)
                 raise KafkaException(err) if KafkaException is not None else RuntimeError(str(err))
+            else:
+                errors.append(err)
+        for err in errors:
+            self.last_poll_error = err
+            self.poll_errors += 1
+            logger.warning("group %r: consumer error (not fatal, librdkafka recovers; %d messages of the same"
+                           " poll returned): %s", self.group, len(out), err)
         return out
 
     def process(self, messages: Sequence[Any], handler: Callable[[Any, Any], Any], **options) -> List[BatchItem]:
         """One poll in one transaction (see the class doc); options go to process_batch (ttl, terminal,
-        isolation, retries, ...)."""
+        isolation, retries, ...). The connection must be idle: the helper commits the poll, then the
+        broker. (Inside a transaction of the caller's, the broker commit would precede the database's, and
+        a rollback after it would leave the broker's offset past work the database does not have.)"""
         messages = list(messages)
         if not messages:
             return []
+        if self.conn.info.transaction_status != TransactionStatus.IDLE:
+            raise ValueError("process needs an idle connection: it commits the poll and its offsets, then the"
+                             " broker's")
         try:
             out = process_batch(self.conn, messages, handler, key=self.key, scope=self.scope, group=self.group,
                                 position=_position, generation=self.generation, **options)
