@@ -9,7 +9,9 @@ RabbitMQ and NATS JetStream).
   library idempotency_client (clients/python), not here;
 * `verify_ledger`: the checks at the end of a run (every produced message exactly once in the ledger,
   with its amount and its one charge; nothing else; every key completed);
-* `read_events`: the consumers' JSON-lines event logs.
+* `read_events`: the consumers' JSON-lines event logs;
+* `pay_with_leases` and its counters: the consumers' payment step, a lease of the client library per key
+  (the asyncio consumer of tests/brokers keeps its own loop, with the same counters).
 
 Only psycopg and the standard library; callers put tests/ on sys.path.
 """
@@ -76,6 +78,82 @@ class Provider:
 
 
 # ---- the end of a run -------------------------------------------------------------------------------
+
+
+
+# ---- the payment, outside the database: a lease of the client library per key ----------------------
+
+PAY_DEADLINE_S = 120  # keys still leased by other holders after this: the run is stuck
+BUSY_PAUSE_S = 0.5    # before another try at keys leased by another holder
+
+
+def amounts_of(msgs):
+    amounts = {}
+    for m in msgs:
+        amounts.setdefault(m["key"], m["amount"])
+    return amounts
+
+
+def pay_counters():
+    return {"claimed": 0, "replayed": 0, "waited": 0, "takeover": 0, "provider_dedup": 0, "fenced": 0,
+            "heartbeats": 0}
+
+
+def count_claim(st, l):
+    if l.replayed:  # done before (by us before a crash, or by another holder)
+        st["replayed"] += 1
+    else:
+        st["claimed"] += 1
+        st["takeover"] += l.attempts > 1  # the previous holder's lease ended without a completion
+
+
+def lease_lost(st, key, e, event):
+    st["fenced"] += 1
+    event("lease_lost", key=key, sqlstate=e.sqlstate,
+          heartbeat_error=None if e.heartbeat_error is None else repr(e.heartbeat_error))
+
+
+def pay_with_leases(db, hb, provider, msgs, lease_s, event, chaos_point, keepalive=lambda: None):
+    """Charges each message's key once at the provider, under idempotency_client.lease (scope
+    'payment', heartbeats on `hb`); a key another holder leases is tried again after BUSY_PAUSE_S, with
+    `keepalive` called meanwhile. Returns ({key: charge}, counters)."""
+    from idempotency_client import InProgress, LeaseLost, lease  # the consumers' venv has it
+
+    amounts, charges, st = amounts_of(msgs), {}, pay_counters()
+    todo, deadline = list(amounts), time.monotonic() + PAY_DEADLINE_S
+    while todo:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"payment keys stuck in progress: {todo[:5]}")
+        busy = []
+        for key in todo:
+            keepalive()
+            l = None
+            try:
+                with lease(db, key, scope="payment", ttl=lease_s, heartbeat_conn=hb) as l:
+                    count_claim(st, l)
+                    if not l.replayed:
+                        body, dedup = provider.charge(key, amounts[key])
+                        st["provider_dedup"] += dedup
+                        chaos_point("after_http")
+                        l.result = {"charge": body["charge"]}  # idem_complete with the token at the exit
+            except InProgress:  # another holder's lease is live: after it ends
+                busy.append(key)
+                continue
+            except LeaseLost as e:  # taken over while we were slow or frozen: the new holder does it
+                lease_lost(st, key, e, event)
+                busy.append(key)
+                continue
+            finally:
+                st["heartbeats"] += l.beats if l is not None else 0
+            charges[key] = l.result["charge"]
+        todo = busy
+        if busy:
+            st["waited"] += len(busy)
+            pause = time.monotonic() + BUSY_PAUSE_S
+            while time.monotonic() < pause:
+                keepalive()
+                time.sleep(0.1)
+    return charges, st
 
 
 def verify_ledger(db, produced, stats):

@@ -38,10 +38,11 @@ import time
 
 import psycopg
 
-from idempotency_client import InProgress, LeaseLost, aio, lease, process_batch
+from idempotency_client import InProgress, LeaseLost, aio, process_batch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from exactly_once import EventLog, Provider, chaos_points  # noqa: E402
+from exactly_once import (BUSY_PAUSE_S, PAY_DEADLINE_S, EventLog, Provider, amounts_of, chaos_points,  # noqa: E402
+                          count_claim, lease_lost, pay_counters, pay_with_leases)
 
 BROKER, CID = sys.argv[1], sys.argv[2]
 ENV = os.environ
@@ -51,8 +52,6 @@ LEASE = float(ENV.get("BROKERS_LEASE_S", "8"))
 BATCH = int(ENV.get("BROKERS_BATCH", "50"))
 BATCH_WAIT = 0.5     # the longest a batch waits to fill up
 KEEPALIVE_S = 1.0    # how often the broker hears from a consumer whose batch takes long
-BUSY_PAUSE_S = 0.5   # before another try at keys leased by another holder
-PAY_DEADLINE_S = 120
 STOP = False
 event = EventLog(RUN_DIR, CID)
 chaos_point = chaos_points(RUN_DIR, CID, event)
@@ -74,32 +73,6 @@ def parse(body):
 
 def ledger_row(m, charge):
     return (m["key"], m.get("partition"), m.get("offset"), m["amount"], charge, CID)
-
-
-def amounts_of(msgs):
-    amounts = {}
-    for m in msgs:
-        amounts.setdefault(m["key"], m["amount"])
-    return amounts
-
-
-def pay_counters():
-    return {"claimed": 0, "replayed": 0, "waited": 0, "takeover": 0, "provider_dedup": 0, "fenced": 0,
-            "heartbeats": 0}
-
-
-def count_claim(st, l):
-    if l.replayed:
-        st["replayed"] += 1
-    else:
-        st["claimed"] += 1
-        st["takeover"] += l.attempts > 1  # the previous holder's lease ended without a completion
-
-
-def lease_lost(st, key, e):
-    st["fenced"] += 1
-    event("lease_lost", key=key, sqlstate=e.sqlstate,
-          heartbeat_error=None if e.heartbeat_error is None else repr(e.heartbeat_error))
 
 
 def log_batch(msgs):
@@ -129,41 +102,7 @@ class SyncProcessor:
         chaos_point("after_commit")
 
     def pay(self, msgs, keepalive):
-        amounts, charges, st = amounts_of(msgs), {}, pay_counters()
-        todo, deadline = list(amounts), time.monotonic() + PAY_DEADLINE_S
-        while todo:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"payment keys stuck in progress: {todo[:5]}")
-            busy = []
-            for key in todo:
-                keepalive()
-                l = None
-                try:
-                    with lease(self.db, key, scope="payment", ttl=LEASE, heartbeat_conn=self.hb) as l:
-                        count_claim(st, l)
-                        if not l.replayed:
-                            body, dedup = self.provider.charge(key, amounts[key])
-                            st["provider_dedup"] += dedup
-                            chaos_point("after_http")
-                            l.result = {"charge": body["charge"]}  # idem_complete with the token at the exit
-                except InProgress:  # another holder's lease is live: after it ends
-                    busy.append(key)
-                    continue
-                except LeaseLost as e:  # taken over while we were slow or frozen: the new holder does it
-                    lease_lost(st, key, e)
-                    busy.append(key)
-                    continue
-                finally:
-                    st["heartbeats"] += l.beats if l is not None else 0
-                charges[key] = l.result["charge"]
-            todo = busy
-            if busy:
-                st["waited"] += len(busy)
-                pause = time.monotonic() + BUSY_PAUSE_S
-                while time.monotonic() < pause:
-                    keepalive()
-                    time.sleep(0.1)
-        return charges, st
+        return pay_with_leases(self.db, self.hb, self.provider, msgs, LEASE, event, chaos_point, keepalive)
 
     def apply_ledger(self, msgs, charges):
         def apply(conn, m):  # under process_batch's savepoint, in its transaction
@@ -279,7 +218,7 @@ class AsyncProcessor:
                     busy.append(key)
                     continue
                 except LeaseLost as e:
-                    lease_lost(st, key, e)
+                    lease_lost(st, key, e, event)
                     busy.append(key)
                     continue
                 finally:

@@ -3,7 +3,8 @@
 message exactly once, with both side effects, written with the client library idempotency_client
 (clients/python) and its Kafka helper:
 
-1. outside the database, a charge at the HTTP payment provider, in TWO-TRANSACTION mode, per key:
+1. outside the database, a charge at the HTTP payment provider, in TWO-TRANSACTION mode, per key
+   (exactly_once.pay_with_leases, shared with tests/brokers):
        with lease(db, key, scope="payment", ttl=8 s, heartbeat_conn=hb) as l:   -- claim committed, token
            if not l.replayed: POST /charges (Idempotency-Key: key)            -- heartbeats meanwhile
            l.result = {"charge": ...}                                          -- idem_complete with the token
@@ -36,16 +37,15 @@ import json
 import os
 import signal
 import sys
-import time
 
 import psycopg
 from confluent_kafka import Consumer, KafkaException
 
-from idempotency_client import Fenced, InProgress, LeaseLost, lease
+from idempotency_client import Fenced
 from idempotency_client.kafka import IdempotentConsumer, group_generation, header_key
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from exactly_once import EventLog, Provider, chaos_points  # noqa: E402 - shared with tests/brokers
+from exactly_once import EventLog, Provider, chaos_points, pay_with_leases  # noqa: E402 - shared with tests/brokers
 
 CID = sys.argv[1]
 ENV = os.environ
@@ -53,8 +53,6 @@ RUN_DIR, TOPIC, GROUP = ENV["E2E_RUN_DIR"], ENV["E2E_TOPIC"], ENV["E2E_GROUP"]
 LEASE = float(ENV.get("E2E_LEASE_S", "8"))
 BATCH = int(ENV.get("E2E_POLL_MAX", "100"))
 GEN_MODE = ENV.get("E2E_GENERATION", "group")  # group: Kafka's generation id; epoch: a DB sequence
-BUSY_PAUSE_S = 0.5   # before another try at keys leased by another holder
-PAY_DEADLINE_S = 120
 STOP = False
 event = EventLog(RUN_DIR, CID)
 chaos_point = chaos_points(RUN_DIR, CID, event)
@@ -130,46 +128,7 @@ class Worker:
     # ---- 1. the payment, outside the database (two-transaction mode: a lease per key) ------------
     def pay(self, msgs):
         """Charge every message once at the provider; return ({key: charge}, counters)."""
-        amounts = {}
-        for m in msgs:
-            amounts.setdefault(m["key"], m["amount"])
-        charges = {}
-        st = {"claimed": 0, "replayed": 0, "waited": 0, "takeover": 0, "provider_dedup": 0, "fenced": 0,
-              "heartbeats": 0}
-        todo, deadline = list(amounts), time.monotonic() + PAY_DEADLINE_S
-        while todo:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"payment keys stuck in progress: {todo[:5]}")
-            busy = []
-            for key in todo:
-                l = None
-                try:
-                    with lease(self.db, key, scope="payment", ttl=LEASE, heartbeat_conn=self.hb) as l:
-                        if l.replayed:  # done before (by us before a crash, or by another holder)
-                            st["replayed"] += 1
-                        else:
-                            st["claimed"] += 1
-                            st["takeover"] += l.attempts > 1  # the previous holder's lease ended unfinished
-                            body, dedup = self.provider.charge(key, amounts[key])
-                            st["provider_dedup"] += dedup
-                            chaos_point("after_http")
-                            l.result = {"charge": body["charge"]}  # idem_complete with the token at the exit
-                except InProgress:  # another holder's lease is live: retry after it ends
-                    busy.append(key)
-                    continue
-                except LeaseLost as e:  # taken over while we were slow or frozen: replay the new holder's
-                    st["fenced"] += 1
-                    event("lease_lost", key=key, sqlstate=e.sqlstate)
-                    busy.append(key)
-                    continue
-                finally:
-                    st["heartbeats"] += l.beats if l is not None else 0
-                charges[key] = l.result["charge"]
-            todo = busy
-            if busy:
-                st["waited"] += len(busy)
-                time.sleep(BUSY_PAUSE_S)
-        return charges, st
+        return pay_with_leases(self.db, self.hb, self.provider, msgs, LEASE, event, chaos_point)
 
     # ---- 2. the ledger and the offsets, inside the database (one transaction: the helper) --------
     def apply(self, charges):
