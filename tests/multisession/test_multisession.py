@@ -375,8 +375,8 @@ def test_rollback_leaves_nothing(cluster, report):
 
 def _waiting_lock(observer, pid, timeout=10.0):
     """The ungranted lock the backend `pid` waits for, polled until it shows up and the backend
-    reports its wait (a backend queues its lock request a moment before it reports the wait
-    event, so one poll can see the first without the second)."""
+    reports its lock wait (a backend queues its lock request a moment before it reports the wait
+    event, so one poll can see the first with the event it had before, ClientRead, still shown)."""
     deadline = time.monotonic() + timeout
     row = None
     while time.monotonic() < deadline:
@@ -384,7 +384,7 @@ def _waiting_lock(observer, pid, timeout=10.0):
             "SELECT l.locktype, l.objsubid, l.classid, l.objid, l.mode, a.wait_event_type "
             "FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
             "WHERE l.pid = %s AND NOT l.granted", (pid,)).fetchone()
-        if row and row[5] is not None:
+        if row and row[5] == "Lock":
             return row
         time.sleep(0.02)
     return row
