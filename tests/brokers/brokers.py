@@ -65,6 +65,20 @@ def wait_port(port, proc, what, timeout=90):
     raise RuntimeError(f"{what} not listening on {port} after {timeout} s")
 
 
+def reserve_ports(first, last, path="/proc/sys/net/ipv4/ip_local_reserved_ports"):
+    """Keeps the kernel from handing our brokers' ports out as the local port of an outgoing connection
+    (they lie in its ephemeral range, 32768-60999): a CI run once saw nats-server fail with "address
+    already in use" because a connection of the run held 54404. Added to the reserved list, never
+    narrowed; skipped where the file is not writable (not root, a container)."""
+    try:
+        with open(path) as f:
+            current = f.read().strip()
+        with open(path, "w") as f:
+            f.write(",".join(x for x in (current, f"{first}-{last}") if x))
+    except OSError:
+        pass
+
+
 def stop_group(proc, what, timeout=30):
     """SIGTERM to the process group we started `proc` in (start_new_session), SIGKILL after timeout."""
     if proc is None or proc.poll() is not None:
@@ -486,6 +500,7 @@ def main():
         cfg["chaos_max_s"] = max(cfg["chaos_max_s"], args.chaos_seconds)
     r = ports("brokers")
     base = r.start
+    reserve_ports(r.start, r.stop - 1)
     root = f"/tmp/idem-brokers-{base}"
     shutil.rmtree(root, ignore_errors=True)
     os.makedirs(root)
