@@ -5,6 +5,7 @@ import sys
 import psycopg
 
 CALLS = int(sys.argv[1])
+USER = sys.argv[2] if len(sys.argv) > 2 else "postgres"
 ROUNDS = 30  # one transaction per round: every key lock is held until commit
 PER = CALLS // ROUNDS
 
@@ -30,7 +31,7 @@ WORKLOADS = [
 ]
 
 conn = psycopg.connect(host=os.environ["IDEM_SOCKDIR"], port=int(os.environ["IDEM_PORT"]),
-                       user="postgres", dbname="postgres", autocommit=True)
+                       user=USER, dbname="postgres", autocommit=True)
 pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
 tick = os.sysconf("SC_CLK_TCK")
 

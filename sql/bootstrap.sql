@@ -115,28 +115,3 @@ $$;
 REVOKE ALL ON FUNCTION idempotency.seal_lock(regclass, integer) FROM PUBLIC;
 COMMENT ON FUNCTION idempotency.seal_lock(regclass, integer) IS
 'Takes the SHARE lock that seals a partition of idempotency.records unless it takes longer than wait_ms; used by maintenance.';
-
--- Every partition of the record table with its range, what it holds, and when retention drops it.
--- (pg_partman's default partition, if any, has no range.)
-CREATE VIEW idempotency.partitions AS
-SELECT c.oid::regclass                                        AS partition,
-       b.bound[1]::timestamptz                                AS range_from,
-       b.bound[2]::timestamptz                                AS range_to,
-       greatest(c.reltuples, 0)::bigint                       AS row_estimate,
-       pg_catalog.pg_total_relation_size(c.oid)               AS total_bytes,
-       pg_catalog.pg_size_pretty(pg_catalog.pg_total_relation_size(c.oid)) AS size,
-       b.bound[2]::timestamptz
-         + pg_catalog.current_setting('idempotency.retention', true)::interval AS dropped_after,
-       s.sealed_at,
-       s.blocks * 32                                          AS filter_bytes
-  FROM pg_catalog.pg_inherits i
-  JOIN pg_catalog.pg_class c ON c.oid = i.inhrelid
-  LEFT JOIN idempotency.sealed s ON s.partition = c.oid AND s.partition_name = c.relname
-  LEFT JOIN LATERAL (
-        SELECT regexp_match(pg_catalog.pg_get_expr(c.relpartbound, c.oid),
-                            'FROM \(''([^'']*)''\) TO \(''([^'']*)''\)') AS bound
-       ) b ON true
- WHERE i.inhparent = 'idempotency.records'::regclass
- ORDER BY range_from NULLS LAST;
-
-COMMENT ON VIEW idempotency.partitions IS 'Partitions of idempotency.records: range, estimated rows, size, when retention drops each, and when it was sealed (no new rows) with its filter''s size.';

@@ -257,10 +257,16 @@ BEGIN
                         target_node_name, target_node_port USING ERRCODE = 'object_not_in_prerequisite_state';
     END IF;
 
-    range_filter := pg_catalog.format('worker_hash(scope) BETWEEN %s AND %s', lo, hi);
+    -- Every statement sent to a worker runs there as the caller under that database's search_path, which
+    -- a role with CREATE on one of its schemas could fill with lookalikes: every function, type and
+    -- operator in them is qualified.
+    range_filter := pg_catalog.format(
+        'pg_catalog.worker_hash(r.scope) OPERATOR(pg_catalog.>=) %s AND pg_catalog.worker_hash(r.scope) OPERATOR(pg_catalog.<=) %s',
+        lo, hi);
     EXECUTE 'SELECT success, result FROM pg_catalog.master_run_on_worker(ARRAY[$1], ARRAY[$2], ARRAY[$3], false)'
        INTO ok, doc USING source_node_name, source_node_port,
-            'SELECT coalesce(json_agg(r), ''[]'') FROM idempotency.records r WHERE ' || range_filter;
+            'SELECT COALESCE(pg_catalog.json_agg(r), ''[]''::pg_catalog.json) FROM idempotency.records r WHERE '
+            || range_filter;
     IF NOT ok THEN
         RAISE EXCEPTION 'reading the records on %:% failed: %', source_node_name, source_node_port, doc
             USING ERRCODE = 'connection_failure';
@@ -271,25 +277,27 @@ BEGIN
     END IF;
     EXECUTE 'SELECT success, result FROM pg_catalog.master_run_on_worker(ARRAY[$1], ARRAY[$2], ARRAY[$3], false)'
        INTO ok, res USING target_node_name, target_node_port, pg_catalog.format($cmd$
-        WITH j AS (SELECT * FROM json_populate_recordset(NULL::idempotency.records, %L::json)),
+        WITH j AS (SELECT * FROM pg_catalog.json_populate_recordset(NULL::idempotency.records, %L::pg_catalog.json)),
              parts AS (SELECT idempotency.premake_partitions(t)
-                         FROM (SELECT DISTINCT date_trunc('hour', greatest(created_at, (SELECT max(range_to) FROM idempotency.sealed))) t
+                         FROM (SELECT DISTINCT pg_catalog.date_trunc('hour'::pg_catalog.text,
+                                        GREATEST(j.created_at, (SELECT pg_catalog.max(s.range_to) FROM idempotency.sealed s))) t
                                  FROM j) d)
-        SELECT count(*) FROM parts$cmd$, doc);
+        SELECT pg_catalog.count(*) FROM parts$cmd$, doc);
     IF NOT ok THEN
         RAISE EXCEPTION 'preparing %:% failed: %', target_node_name, target_node_port, res USING ERRCODE = 'connection_failure';
     END IF;
     EXECUTE 'SELECT success, result FROM pg_catalog.master_run_on_worker(ARRAY[$1], ARRAY[$2], ARRAY[$3], false)'
        INTO ok, res USING target_node_name, target_node_port,
-            pg_catalog.format('SELECT idempotency.adopt_records(%L::json)', doc);
+            pg_catalog.format('SELECT idempotency.adopt_records(%L::pg_catalog.json)', doc);
     IF NOT ok THEN
         RAISE EXCEPTION 'writing the records on %:% failed: %', target_node_name, target_node_port, res
             USING ERRCODE = 'connection_failure';
     END IF;
     EXECUTE 'SELECT success, result FROM pg_catalog.master_run_on_worker(ARRAY[$1], ARRAY[$2], ARRAY[$3], false)'
        INTO ok, res USING source_node_name, source_node_port, pg_catalog.format($cmd$
-        DELETE FROM idempotency.records r USING json_populate_recordset(NULL::idempotency.records, %L::json) j
-         WHERE r.scope = j.scope AND r.key = j.key$cmd$, doc);
+        DELETE FROM idempotency.records r
+         USING pg_catalog.json_populate_recordset(NULL::idempotency.records, %L::pg_catalog.json) j
+         WHERE r.scope OPERATOR(pg_catalog.=) j.scope AND r.key OPERATOR(pg_catalog.=) j.key$cmd$, doc);
     IF NOT ok THEN
         RAISE EXCEPTION 'deleting the copied records on %:% failed: %', source_node_name, source_node_port, res
             USING ERRCODE = 'connection_failure', HINT = 'They are on the target already; call idem_move_records again.';

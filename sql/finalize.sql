@@ -9,7 +9,9 @@ BEGIN
 END
 $$;
 
--- No function of the extension is executable by PUBLIC.
+-- No function of the extension is executable by PUBLIC. (Here, as everywhere in the extension's scripts,
+-- every operator has operands of exactly its types and every function is qualified: the script runs with
+-- the target schema on the search path, where the database's owner may have planted lookalikes.)
 DO $$
 DECLARE
     f regprocedure;
@@ -19,9 +21,9 @@ BEGIN
           FROM pg_catalog.pg_depend d
           JOIN pg_catalog.pg_extension e ON e.oid = d.refobjid
          WHERE e.extname = 'idempotency' AND d.deptype = 'e'
-           AND d.classid = 'pg_catalog.pg_proc'::regclass
+           AND d.classid = 'pg_catalog.pg_proc'::pg_catalog.regclass::pg_catalog.oid
     LOOP
-        EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', f);
+        EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', f);
     END LOOP;
 END
 $$;
@@ -72,20 +74,24 @@ COMMENT ON FUNCTION idem_key(uuid, text[]) IS
 'A key derived from a message''s identifying parts: the version-5 UUID of namespace and the parts (each as <UTF-8 length>:<bytes>;), as text. The client libraries compute the same value.';
 COMMENT ON FUNCTION idem_fingerprint(jsonb, text[]) IS
 'A request fingerprint for idem_claim: hex SHA-256 of the RFC 8785 canonical JSON of the document, or of an object mapping each given JSON Pointer to its value (null when absent). The client libraries compute the same value.';
-COMMENT ON FUNCTION idem_reset_offset(text, text, integer, bigint) IS
-'Sets the next offset of (consumer_group, topic, partition), backwards or forwards. For DBAs; not granted to idempotency_consumer.';
+COMMENT ON FUNCTION idem_reset_offset(text, text, integer, bigint, bigint) IS
+'Sets the next offset of (consumer_group, topic, partition), backwards or forwards, and, when generation is given, the stored generation (lower or higher: a zombie''s huge generation is undone here). For DBAs; not granted to idempotency_consumer.';
 COMMENT ON FUNCTION idem_maintenance(timestamptz) IS
 'One maintenance round as of as_of: premake partitions, drop those older than idempotency.retention, reclaim leases expired longer than idempotency.reclaim_after. What the background worker runs; call it from cron when the library cannot be preloaded.';
 COMMENT ON FUNCTION idem_partman_handover() IS
 'Registers idempotency.records with pg_partman (create_parent, retention and premake from the GUCs). Set idempotency.partition_manager = pg_partman first.';
 COMMENT ON FUNCTION idempotency.seal_partition(oid) IS
 'Seals a partition of idempotency.records (an oid: pass ''idempotency.records_p...''::regclass) now and builds its membership filter (maintenance seals past partitions by itself). Waits for the partition''s writers within lock_timeout. Sealing the partition of the present moves new keys to the next one. False if it was sealed already.';
+COMMENT ON FUNCTION idempotency.partition_range(oid) IS
+'The range [range_from, range_to) of a partition of idempotency.records as its catalog entry holds it (no row for a default partition or another relation); what idempotency.partitions shows, unmoved by DateStyle or TimeZone.';
 COMMENT ON FUNCTION idempotency.premake_partitions(timestamptz) IS
 'Creates the missing partitions of idempotency.records from as_of to idempotency.premake intervals ahead; returns how many.';
 
 -- Watching and steering: idempotency_admin redrives and forgets keys and resets the statistics;
--- it and pg_monitor read the statistics, the health snapshot and the views of keys in flight and
--- dead letters. Consumers get none of it.
+-- it and pg_monitor read the statistics, the health snapshot and the partitions. Only idempotency_admin
+-- reads the views of keys in flight and dead letters: keys, live fencing tokens and stored errors often
+-- hold personal data, and a token lets its reader complete another consumer's lease. Consumers get none
+-- of it.
 DO $$
 BEGIN
     IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'idempotency_admin') THEN
@@ -94,15 +100,34 @@ BEGIN
 END
 $$;
 GRANT USAGE ON SCHEMA idempotency TO idempotency_admin, pg_monitor;
-GRANT SELECT ON idempotency.stats, idempotency.in_flight, idempotency.dead_letters, idempotency.partitions
-    TO idempotency_admin, pg_monitor;
+GRANT SELECT ON idempotency.stats, idempotency.partitions TO idempotency_admin, pg_monitor;
+GRANT SELECT ON idempotency.in_flight, idempotency.dead_letters TO idempotency_admin;
 GRANT EXECUTE ON FUNCTION
     idem_stats(),
     idem_metrics(),
     idempotency.scope_stats(),
     idempotency.stats_totals(),
-    idempotency.maintenance_state()
+    idempotency.maintenance_state(),
+    idempotency.partition_range(oid)
 TO idempotency_admin, pg_monitor;
+-- Scope and consumer-group grants (sql/grants.sql): idempotency_admin fences consumers by scope.
+GRANT SELECT ON idempotency.scope_grants TO idempotency_admin;
+GRANT EXECUTE ON FUNCTION
+    idem_grant_scope(regrole, text),
+    idem_revoke_scope(regrole, text),
+    idem_grant_group(regrole, text),
+    idem_revoke_group(regrole, text)
+TO idempotency_admin;
+COMMENT ON FUNCTION idem_grant_scope(regrole, text) IS
+'Lets members of role call with scope (a name, or a prefix followed by *). Once any scope is granted, a consumer without a grant gets 42501 from every call with a scope (idempotency.require_scope_grants enforces it before the first grant). True when the grant is new. For idempotency_admin.';
+COMMENT ON FUNCTION idem_revoke_scope(regrole, text) IS
+'Takes back a grant of idem_grant_scope (the same role and pattern); true when there was one. For idempotency_admin.';
+COMMENT ON FUNCTION idem_grant_group(regrole, text) IS
+'Lets members of role record and read the offsets of consumer_group (a name, or a prefix followed by *). Once any group is granted, a consumer without a grant gets 42501 from the offset calls of other groups. True when the grant is new. For idempotency_admin.';
+COMMENT ON FUNCTION idem_revoke_group(regrole, text) IS
+'Takes back a grant of idem_grant_group (the same role and pattern); true when there was one. For idempotency_admin.';
+COMMENT ON FUNCTION idempotency.scope_grants_changed() IS
+'Statement trigger of idempotency.scope_grants: every backend reads the grants again after the change commits.';
 GRANT EXECUTE ON FUNCTION
     idem_stats_reset(text),
     idem_redrive(text, text),

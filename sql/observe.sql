@@ -4,6 +4,8 @@
 
 -- Cumulative counters per scope, from shared memory (src/stats). The array's order is the Counter
 -- enum's; lock waits are kept in microseconds.
+-- The views' operators have operands of exactly their types (no planted lookalike in the schema
+-- CREATE EXTENSION ran in can match better) and their functions are qualified.
 CREATE VIEW idempotency.stats AS
 SELECT s.scope,
        s.counts[1]  AS claims,
@@ -19,7 +21,7 @@ SELECT s.scope,
        s.counts[11] AS stale_refused,
        s.counts[12] AS serialization_failures,
        s.counts[13] AS lock_waits,
-       s.counts[14] / 1000.0::double precision AS lock_wait_ms,
+       s.counts[14]::pg_catalog.float8 OPERATOR(pg_catalog./) 1000.0::pg_catalog.float8 AS lock_wait_ms,
        s.counts[15] AS completes,
        s.counts[16] AS fails,
        s.counts[17] AS heartbeats,

@@ -7,7 +7,9 @@
 //! function itself would have raised 22004, but it never runs. So, when Citus is loaded, the library
 //! puts a planner hook in front of Citus' own: a top-level `SELECT` that calls one of those functions
 //! with a NULL scope (a NULL constant, or a bound parameter whose value is NULL) gets the function's own
-//! error, `22004 idempotency: scope must not be NULL`, before any planning. Without Citus no hook is
+//! error, `22004 idempotency: scope must not be NULL`, before any planning. Any expression that folds to
+//! NULL counts (`NULL::name`, `nullif('x', 'x')`, a `CASE` without a match): the hook folds the scope
+//! argument as the planner would before looking. Without Citus no hook is
 //! installed and nothing changes.
 use crate::errors;
 use pgrx::pg_sys;
@@ -147,9 +149,42 @@ unsafe fn check_call(node: *mut pg_sys::Node, params: pg_sys::ParamListInfo) {
             }
         }
         // SAFETY: arg is an expression node, params NULL or valid.
-        if position == scope_at && unsafe { is_null_value(arg, params) } {
+        if position == scope_at && unsafe { is_null_value(arg, params) || folds_to_null(arg, params) } {
             errors::null_argument("scope");
         }
+    }
+}
+
+/// Whether the expression folds to a NULL constant, as the planner (and Citus after it) folds it: any
+/// other spelling of NULL (`NULL::name`, `nullif('x', 'x')`, `CASE WHEN false THEN 'x' END`, a cast of
+/// a NULL parameter) reaches Citus' hash as the same NULL constant.
+///
+/// # Safety
+/// `node` must be a valid expression node, `params` NULL or a valid parameter list.
+unsafe fn folds_to_null(node: *mut pg_sys::Node, params: pg_sys::ParamListInfo) -> bool {
+    // SAFETY: the folding works on a copy in the planner's memory context; a planner root is made only
+    // to carry the bound parameters, which is all eval_const_expressions reads of it besides the list
+    // of invalidation items it may append to.
+    unsafe {
+        let root = if params.is_null() {
+            std::ptr::null_mut()
+        } else {
+            let glob = pg_sys::palloc0(std::mem::size_of::<pg_sys::PlannerGlobal>()) as *mut pg_sys::PlannerGlobal;
+            (*glob).type_ = pg_sys::NodeTag::T_PlannerGlobal;
+            (*glob).boundParams = params;
+            let root = pg_sys::palloc0(std::mem::size_of::<pg_sys::PlannerInfo>()) as *mut pg_sys::PlannerInfo;
+            (*root).type_ = pg_sys::NodeTag::T_PlannerInfo;
+            (*root).glob = glob;
+            root
+        };
+        let copy = pg_sys::copyObjectImpl(node as *const std::ffi::c_void) as *mut pg_sys::Node;
+        let mut folded = pg_sys::eval_const_expressions(root, copy);
+        while !folded.is_null() && (*folded).type_ == pg_sys::NodeTag::T_RelabelType {
+            folded = (*(folded as *mut pg_sys::RelabelType)).arg as *mut pg_sys::Node;
+        }
+        !folded.is_null()
+            && (*folded).type_ == pg_sys::NodeTag::T_Const
+            && (*(folded as *mut pg_sys::Const)).constisnull
     }
 }
 

@@ -162,3 +162,18 @@ pub fn partman_missing() -> ! {
         Some("CREATE SCHEMA partman; CREATE EXTENSION pg_partman SCHEMA partman;"),
     )
 }
+
+/// 42501: the caller holds no grant on the scope or consumer group, and grants of its kind are on.
+pub fn no_grant(noun: &str, name: &str) -> ! {
+    // SAFETY: reads the current user id and looks its name up in the syscache.
+    let role = unsafe { std::ffi::CStr::from_ptr(pgrx::pg_sys::GetUserNameFromId(pgrx::pg_sys::GetUserId(), false)) };
+    raise(
+        Code::ERRCODE_INSUFFICIENT_PRIVILEGE,
+        format!("idempotency: role {:?} has no grant on {noun} {name:?}", role.to_string_lossy()),
+        Some(&format!(
+            "A DBA grants it with idem_grant_{}('{}', '<name or prefix*>'); see docs/security.md.",
+            if noun == "scope" { "scope" } else { "group" },
+            role.to_string_lossy()
+        )),
+    )
+}

@@ -85,14 +85,24 @@ static LEASE_TTL: Int = Int {
     set_by: SetBy::Anyone,
     flags: GucFlags::UNIT_MS,
 };
+static MAX_LEASE_TTL: Int = Int {
+    name: c"idempotency.max_lease_ttl",
+    short: c"Longest lease idem_claim, idem_claim_batch and idem_heartbeat grant.",
+    long: c"A longer ttl (or idempotency.lease_ttl) is refused with 22023: a consumer cannot hold a key for years. Superusers only.",
+    value: GucSetting::<i32>::new(24 * 60 * 60),
+    min: 1,
+    max: i32::MAX,
+    set_by: SetBy::Superuser,
+    flags: GucFlags::UNIT_S,
+};
 static MAX_ATTEMPTS: Int = Int {
     name: c"idempotency.max_attempts",
     short: c"Claims of one key before it becomes a terminal failure.",
-    long: c"Counted by idem_fail(retryable => true) and by takeovers of expired leases.",
+    long: c"Counted by idem_fail(retryable => true) and by takeovers of expired leases. A policy of the database, not of one consumer: superusers only.",
     value: GucSetting::<i32>::new(5),
     min: 1,
     max: 1_000_000,
-    set_by: SetBy::Anyone,
+    set_by: SetBy::Superuser,
     flags: GucFlags::empty(),
 };
 static MAX_KEY_BYTES: Int = Int {
@@ -192,7 +202,7 @@ static FILTER_CACHE: Int = Int {
     value: GucSetting::<i32>::new(8 * 1024),
     min: 0,
     max: i32::MAX,
-    set_by: SetBy::Anyone,
+    set_by: SetBy::Superuser,
     flags: GucFlags::UNIT_KB,
 };
 static MAX_BATCH_KEYS: Int = Int {
@@ -217,6 +227,7 @@ static STATS_MAX_SCOPES: Int = Int {
 };
 
 static STATS: GucSetting<bool> = GucSetting::<bool>::new(true);
+static REQUIRE_SCOPE_GRANTS: GucSetting<bool> = GucSetting::<bool>::new(false);
 static DATABASE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"postgres"));
 static PARTITION_MANAGER: GucSetting<PartitionManager> =
     GucSetting::<PartitionManager>::new(PartitionManager::Builtin);
@@ -224,6 +235,7 @@ static PARTITION_MANAGER: GucSetting<PartitionManager> =
 pub fn init() {
     for setting in [
         &LEASE_TTL,
+        &MAX_LEASE_TTL,
         &MAX_ATTEMPTS,
         &MAX_KEY_BYTES,
         &MAX_PAYLOAD_BYTES,
@@ -244,6 +256,14 @@ pub fn init() {
     if unsafe { pgrx::pg_sys::process_shared_preload_libraries_in_progress } {
         STATS_MAX_SCOPES.register();
     }
+    GucRegistry::define_bool_guc(
+        c"idempotency.require_scope_grants",
+        c"Refuses every scope and consumer group not granted with idem_grant_scope or idem_grant_group.",
+        c"Off: grants of a kind are enforced once one exists. On: enforced even before the first grant. Superusers only; superusers are never refused.",
+        &REQUIRE_SCOPE_GRANTS,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
     GucRegistry::define_bool_guc(
         c"idempotency.stats",
         c"Counts what the idem_* calls answer, per scope, in idempotency.stats.",
@@ -279,6 +299,12 @@ fn seconds(setting: &Int) -> Duration {
 
 pub fn lease_ttl() -> Duration {
     millis(&LEASE_TTL)
+}
+pub fn max_lease_ttl() -> Duration {
+    seconds(&MAX_LEASE_TTL)
+}
+pub fn require_scope_grants() -> bool {
+    REQUIRE_SCOPE_GRANTS.get()
 }
 pub fn max_attempts() -> i32 {
     MAX_ATTEMPTS.value.get()

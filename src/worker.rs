@@ -88,6 +88,10 @@ pub extern "C-unwind" fn idem_maintenance_main(_arg: pg_sys::Datum) {
     let db = BackgroundWorker::get_extra().to_string();
     BackgroundWorker::connect_worker_to_spi(Some(&db), None);
     let round = BackgroundWorker::transaction(|| {
+        // The worker is a superuser; the database's own settings (ALTER DATABASE ... SET, its owner's
+        // to choose) must not steer it: a search_path naming a schema the owner writes would let an
+        // operator planted there run as the superuser. Pinned for this session before any statement.
+        storage::pin_session_settings();
         let installed = Spi::get_one::<bool>(
             "SELECT EXISTS (SELECT FROM pg_catalog.pg_extension WHERE extname = 'idempotency')",
         );
@@ -100,15 +104,15 @@ pub extern "C-unwind" fn idem_maintenance_main(_arg: pg_sys::Datum) {
         // made meanwhile would collide with those the dump brings (or their indexes with the
         // dump's).
         let started = Spi::get_one::<bool>(
-            "SELECT EXISTS (SELECT FROM pg_catalog.pg_inherits WHERE inhparent = 'idempotency.records'::regclass)",
+            "SELECT EXISTS (SELECT FROM pg_catalog.pg_inherits WHERE inhparent = 'idempotency.records'::pg_catalog.regclass::pg_catalog.oid)",
         );
         if started != Ok(Some(true)) {
             return None;
         }
         let stray = Spi::get_one::<String>(
             "SELECT relname::text FROM pg_catalog.pg_class
-              WHERE relnamespace = 'idempotency'::regnamespace AND relkind = 'r'
-                AND NOT relispartition AND relname LIKE 'records%' LIMIT 1",
+              WHERE relnamespace = 'idempotency'::pg_catalog.regnamespace::pg_catalog.oid AND relkind = 'r'
+                AND NOT relispartition AND relname::pg_catalog.text LIKE 'records%' LIMIT 1",
         );
         if let Ok(Some(table)) = stray {
             // Said at LOG level: a table a DBA detached and left here stops the rounds too.
@@ -117,8 +121,20 @@ pub extern "C-unwind" fn idem_maintenance_main(_arg: pg_sys::Datum) {
             );
             return None;
         }
-        stats::rounds::observe(|| storage::maintenance_round(storage::transaction_start(), false))
+        stats::rounds::observe(|| storage::maintenance_round(storage::transaction_start(), false), |r| r.error())
     });
+    // A round reclaims at most RECLAIM_PER_ROUND stuck leases, each holding a lock-table entry until its
+    // transaction ends; more go in transactions of their own (a few per round, so a round stays short).
+    let mut reclaimed = round.as_ref().map_or(0, |r| r.reclaimed);
+    let mut more = 0;
+    while reclaimed == storage::RECLAIM_PER_ROUND && more < 9 {
+        reclaimed = BackgroundWorker::transaction(|| {
+            storage::pin_session_settings();
+            storage::reclaim_more(storage::transaction_start()).unwrap_or(0)
+        });
+        more += 1;
+        log!("idempotency maintenance of {db:?}: {reclaimed} more stuck leases reclaimed");
+    }
     match round {
         Some(r) if r.did_something() => log!(
             "idempotency maintenance of {db:?}: {} partitions created, {} dropped, {} deferred (lock busy), {} stuck leases reclaimed",

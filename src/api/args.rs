@@ -2,7 +2,8 @@
 //! NULL argument reaches these checks and gets an ERROR instead of a silent NULL result.
 use crate::errors;
 use crate::gucs;
-use crate::storage::{Document, Key};
+use super::grants;
+use crate::storage::{Document, GrantKind, Key};
 use pgrx::prelude::*;
 
 /// Checks a key or scope: present, non-empty, within `idempotency.max_key_bytes`, printable.
@@ -25,6 +26,27 @@ pub fn key<'a>(key: Option<&'a str>, scope: Option<&'a str>) -> Key<'a> {
     Key { key: ident("key", key), scope: ident("scope", scope) }
 }
 
+/// A consumer call's key, with its scope authorized for the caller (see `storage::grants`).
+pub fn scoped_key<'a>(key: Option<&'a str>, scope: Option<&'a str>) -> Key<'a> {
+    let k = self::key(key, scope);
+    grants::authorize(GrantKind::Scope, k.scope);
+    k
+}
+
+/// A consumer call's scope, checked and authorized for the caller.
+pub fn scope(scope: Option<&str>) -> &str {
+    let scope = ident("scope", scope);
+    grants::authorize(GrantKind::Scope, scope);
+    scope
+}
+
+/// A consumer group, checked and authorized for the caller.
+pub fn group(group: Option<&str>) -> &str {
+    let group = ident("consumer_group", group);
+    grants::authorize(GrantKind::Group, group);
+    group
+}
+
 /// Writing functions refuse a read-only transaction (every transaction of a hot standby is one)
 /// before anything else, with their own name in the message.
 pub fn writable(function: &str) {
@@ -38,7 +60,8 @@ pub fn required<T>(name: &str, value: Option<T>) -> T {
     value.unwrap_or_else(|| errors::null_argument(name))
 }
 
-/// A lease length: the given interval, or `idempotency.lease_ttl`; it must be positive.
+/// A lease length: the given interval, or `idempotency.lease_ttl`; it must be positive and at most
+/// `idempotency.max_lease_ttl`.
 pub fn ttl(ttl: Option<Interval>) -> Interval {
     let ttl = ttl.unwrap_or_else(|| {
         Interval::new(0, 0, gucs::lease_ttl().as_micros() as i64).expect("lease_ttl is a valid interval")
@@ -49,6 +72,13 @@ pub fn ttl(ttl: Option<Interval>) -> Interval {
         + ttl.micros() as i128;
     if micros <= 0 {
         errors::invalid(format!("ttl must be positive, got {ttl}"));
+    }
+    let limit = gucs::max_lease_ttl();
+    if micros > limit.as_micros() as i128 {
+        errors::invalid(format!(
+            "ttl {ttl} is longer than idempotency.max_lease_ttl ({} s)",
+            limit.as_secs()
+        ));
     }
     ttl
 }

@@ -9,14 +9,15 @@ use crate::gucs;
 use crate::storage::{self, Document, Documents};
 use pgrx::prelude::*;
 
-/// Checks every key of a batch before anything is written.
-fn keys(keys: &Option<Vec<Option<String>>>) -> Vec<&str> {
+/// Checks every key of a batch before anything is written. The count is read from the array's header
+/// before a single element is converted: an oversized array is refused without allocating for it.
+fn keys<'b, 'a: 'b>(keys: &'b Option<Array<'a, &'a str>>) -> Vec<&'b str> {
     let keys = args::required("keys", keys.as_ref());
     let limit = gucs::max_batch_keys();
     if keys.len() > limit {
         errors::too_many_keys(keys.len(), limit);
     }
-    keys.iter().map(|k| args::ident("key", k.as_deref())).collect()
+    keys.iter().map(|k| args::ident("key", k)).collect()
 }
 
 fn same_length(name: &str, len: usize, keys: usize) {
@@ -26,8 +27,8 @@ fn same_length(name: &str, len: usize, keys: usize) {
 }
 
 #[pg_extern(volatile, parallel_unsafe)]
-fn idem_claim_batch(
-    keys: Option<Vec<Option<String>>>,
+fn idem_claim_batch<'a>(
+    keys: Option<Array<'a, &'a str>>,
     ttl: default!(Option<Interval>, "NULL"),
     scope: default!(Option<&str>, "'default'"),
 ) -> TableIterator<
@@ -44,7 +45,7 @@ fn idem_claim_batch(
     args::writable("idem_claim_batch");
     let owned = keys;
     let keys = self::keys(&owned);
-    let scope = args::ident("scope", scope);
+    let scope = args::scope(scope);
     let ttl = args::ttl(ttl);
     let claims = storage::claim_batch(scope, &keys, ttl);
     let rows: Vec<_> = keys
@@ -59,16 +60,16 @@ fn idem_claim_batch(
 }
 
 #[pg_extern(volatile, parallel_unsafe)]
-fn idem_complete_batch(
-    keys: Option<Vec<Option<String>>>,
+fn idem_complete_batch<'a>(
+    keys: Option<Array<'a, &'a str>>,
     payloads: default!(Option<Documents>, "NULL"),
     scope: default!(Option<&str>, "'default'"),
-    tokens: default!(Option<Vec<Option<i64>>>, "NULL"),
+    tokens: default!(Option<Array<'_, i64>>, "NULL"),
 ) -> i32 {
     args::writable("idem_complete_batch");
     let owned = keys;
     let keys = self::keys(&owned);
-    let scope = args::ident("scope", scope);
+    let scope = args::scope(scope);
     let mut distinct = keys.clone();
     distinct.sort_unstable();
     distinct.dedup();
@@ -76,28 +77,28 @@ fn idem_complete_batch(
         errors::invalid("keys must not repeat a key in idem_complete_batch".to_string());
     }
     if let Some(p) = &payloads {
+        same_length("payloads", p.len(), keys.len());
         let sizes = p.sizes();
-        same_length("payloads", sizes.len(), keys.len());
         sizes.into_iter().flatten().for_each(|size| args::check_document_size("payload", size));
     }
     let tokens: Vec<Option<i64>> = match tokens {
         None => vec![None; keys.len()],
         Some(t) => {
             same_length("tokens", t.len(), keys.len());
-            t.into_iter().map(args::token).collect()
+            t.iter().map(args::token).collect()
         }
     };
     storage::complete_batch(scope, &keys, payloads.as_ref(), &tokens) as i32
 }
 
 #[pg_extern(volatile, parallel_unsafe)]
-fn idem_once_batch(
-    keys: Option<Vec<Option<String>>>,
+fn idem_once_batch<'a>(
+    keys: Option<Array<'a, &'a str>>,
     scope: default!(Option<&str>, "'default'"),
 ) -> SetOfIterator<'static, String> {
     args::writable("idem_once_batch");
     let owned = keys;
     let keys = self::keys(&owned);
-    let scope = args::ident("scope", scope);
+    let scope = args::scope(scope);
     SetOfIterator::new(storage::once_batch(scope, &keys))
 }

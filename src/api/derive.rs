@@ -2,7 +2,9 @@
 //! message, computed the same way here and in every client library (clients/*), so a producer, a
 //! consumer and the database agree without sharing code. The encodings are the contract: changing
 //! one changes every key ever derived, so they are pinned by tests/regress/sql/derive.sql.
+use super::args;
 use crate::errors;
+use crate::storage::Document;
 use pgrx::prelude::*;
 use sha2::{Digest, Sha256};
 
@@ -61,10 +63,16 @@ fn idem_key(namespace: Option<pgrx::Uuid>, parts: Option<pgrx::VariadicArray<'_,
 
 #[pg_extern(immutable, parallel_safe)]
 fn idem_fingerprint(
-    document: Option<pgrx::JsonB>,
+    document: Option<Document>,
     paths: default!(Option<pgrx::VariadicArray<'_, &str>>, "'{}'"),
 ) -> String {
-    let Some(pgrx::JsonB(document)) = document else { errors::null_argument("document") };
+    // Within idempotency.max_payload_bytes before it is parsed: the parsed copy takes several times
+    // the stored size.
+    let document = args::document("document", document).unwrap_or_else(|| errors::null_argument("document"));
+    // SAFETY: a detoasted jsonb datum, valid for this call.
+    let Some(pgrx::JsonB(document)) = (unsafe { pgrx::JsonB::from_datum(document.datum(), false) }) else {
+        errors::null_argument("document")
+    };
     let Some(paths) = paths else { errors::null_argument("paths") };
     let paths: Vec<&str> = paths.iter().map(|p| p.unwrap_or_else(|| errors::null_argument("path"))).collect();
     fingerprint(document, &paths).unwrap_or_else(|e| errors::invalid(e))

@@ -32,7 +32,7 @@ fn idem_claim(
     ),
 > {
     args::writable("idem_claim");
-    let k = args::key(key, scope);
+    let k = args::scoped_key(key, scope);
     let ttl = args::ttl(ttl);
     let fingerprint = args::fingerprint(fingerprint);
     let wait = args::required("wait", wait);
@@ -54,7 +54,7 @@ fn idem_complete(
     token: default!(Option<i64>, "NULL"),
 ) {
     args::writable("idem_complete");
-    let k = args::key(key, scope);
+    let k = args::scoped_key(key, scope);
     let payload = args::document("payload", payload);
     let token = args::token(token);
     storage::complete(k, payload, token);
@@ -69,7 +69,7 @@ fn idem_fail(
     token: default!(Option<i64>, "NULL"),
 ) -> String {
     args::writable("idem_fail");
-    let k = args::key(key, scope);
+    let k = args::scoped_key(key, scope);
     let error = args::document("error", error);
     let retryable = args::required("retryable", retryable);
     let token = args::token(token);
@@ -84,7 +84,7 @@ fn idem_heartbeat(
     token: default!(Option<i64>, "NULL"),
 ) -> Ts {
     args::writable("idem_heartbeat");
-    let k = args::key(key, scope);
+    let k = args::scoped_key(key, scope);
     let ttl = args::ttl(ttl);
     let token = args::token(token);
     ts(storage::heartbeat(k, ttl, token))
@@ -93,7 +93,7 @@ fn idem_heartbeat(
 #[pg_extern(volatile, parallel_unsafe)]
 fn idem_once(key: Option<&str>, scope: default!(Option<&str>, "'default'")) -> bool {
     args::writable("idem_once");
-    storage::once(args::key(key, scope))
+    storage::once(args::scoped_key(key, scope))
 }
 
 #[pg_extern(volatile, parallel_unsafe)]
@@ -113,7 +113,7 @@ fn idem_status(
         name!(expires_at, Option<Ts>),
     ),
 > {
-    let k = args::key(key, scope);
+    let k = args::scoped_key(key, scope);
     let rows = storage::status(k).map(|r| {
         (
             r.status,

@@ -23,7 +23,7 @@ fn idem_maintenance(
 > {
     args::writable("idem_maintenance");
     let as_of = as_of.unwrap_or_else(|| errors::null_argument("as_of"));
-    let r = stats::rounds::observe(|| storage::maintenance_round(as_of.into_inner(), true))
+    let r = stats::rounds::observe(|| storage::maintenance_round(as_of.into_inner(), true), |r| r.error())
         .expect("waited for the maintenance lock");
     TableIterator::once((r.created, r.dropped, r.deferred, r.reclaimed))
 }

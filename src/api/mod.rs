@@ -5,6 +5,7 @@ mod args;
 mod batch;
 mod derive;
 mod distribute;
+mod grants;
 mod keys;
 mod maintenance;
 mod observe;

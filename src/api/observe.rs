@@ -7,7 +7,7 @@ use pgrx::prelude::*;
 pgrx::extension_sql_file!(
     "../../sql/observe.sql",
     name = "observe",
-    requires = ["bootstrap", idempotency::scope_stats, idempotency::stats_totals, idempotency::maintenance_state]
+    requires = ["bootstrap", "partitions", idempotency::scope_stats, idempotency::stats_totals, idempotency::maintenance_state]
 );
 
 type Ts = TimestampWithTimeZone;

@@ -5,7 +5,7 @@ use crate::storage::{self, Position};
 use pgrx::prelude::*;
 
 fn position<'a>(group: Option<&'a str>, topic: Option<&'a str>, partition: Option<i32>) -> Position<'a> {
-    let group = args::ident("consumer_group", group);
+    let group = args::group(group);
     let topic = args::ident("topic", topic);
     let partition = args::required("partition", partition);
     if partition < 0 {
@@ -61,7 +61,7 @@ fn idem_offsets(
         name!(updated_at, TimestampWithTimeZone),
     ),
 > {
-    let group = args::ident("consumer_group", consumer_group);
+    let group = args::group(consumer_group);
     let topic = topic.map(|t| args::ident("topic", Some(t)));
     TableIterator::new(storage::list_offsets(group, topic).into_iter().map(|o| {
         (
@@ -80,9 +80,13 @@ fn idem_reset_offset(
     topic: Option<&str>,
     partition: Option<i32>,
     next_offset: Option<i64>,
+    generation: default!(Option<i64>, "NULL"),
 ) {
     args::writable("idem_reset_offset");
     let p = position(consumer_group, topic, partition);
     let next = args::required("next_offset", non_negative("next_offset", next_offset));
-    storage::reset_offset(p, next);
+    // NULL keeps the stored generation; a value replaces it, lower or higher (a zombie's huge
+    // generation is undone here).
+    let generation = non_negative("generation", generation);
+    storage::reset_offset(p, next, generation);
 }

@@ -1,6 +1,12 @@
 //! Partition upkeep callable from SQL, for CREATE EXTENSION and for DBAs.
 use pgrx::prelude::*;
 
+pgrx::extension_sql_file!(
+    "../../sql/partitions.sql",
+    name = "partitions",
+    requires = ["bootstrap", idempotency::partition_range]
+);
+
 #[pg_schema]
 mod idempotency {
     use crate::storage;
@@ -22,5 +28,19 @@ mod idempotency {
         crate::api::args::writable("idempotency.seal_partition");
         let part = part.unwrap_or_else(|| crate::errors::null_argument("part"));
         storage::seal_partition(part)
+    }
+
+    /// The range of a partition of the record table, read from its catalog entry (never through
+    /// text, so no session setting moves it); no row for a default partition or another relation.
+    #[pg_extern(stable, strict, parallel_safe)]
+    fn partition_range(
+        part: pg_sys::Oid,
+    ) -> TableIterator<'static, (name!(range_from, TimestampWithTimeZone), name!(range_to, TimestampWithTimeZone))>
+    {
+        let range = storage::partition_range(part).map(|(from, to)| {
+            // SAFETY: both values are the Datums of timestamptz constants PostgreSQL stored.
+            unsafe { (TimestampWithTimeZone::from_datum(from.into(), false), TimestampWithTimeZone::from_datum(to.into(), false)) }
+        });
+        TableIterator::new(range.into_iter().filter_map(|(from, to)| Some((from?, to?))))
     }
 }

@@ -60,9 +60,10 @@ impl Round {
 }
 
 /// Runs one maintenance round `f` of the current database and records how it went (an ERROR it
-/// raises is recorded, then raised on). A round `f` skips (None: another round holds the lock) is
-/// not a round: nothing of it is recorded.
-pub fn observe<T>(f: impl FnOnce() -> Option<T>) -> Option<T> {
+/// raises is recorded, then raised on; so is the error `failed_step` finds in its result, a step that
+/// failed alone). A round `f` skips (None: another round holds the lock) is not a round: nothing of it
+/// is recorded.
+pub fn observe<T>(f: impl FnOnce() -> Option<T>, failed_step: impl Fn(&T) -> Option<String>) -> Option<T> {
     let Some(round) = shared::round_of(database(), true) else {
         return f();
     };
@@ -80,8 +81,8 @@ pub fn observe<T>(f: impl FnOnce() -> Option<T>) -> Option<T> {
             e.rethrow()
         })
         .execute();
-    match result {
-        Some(_) => finish(round, started, None),
+    match &result {
+        Some(r) => finish(round, started, failed_step(r).as_deref()),
         None => round.with(|s| s.started_at = before),
     }
     result

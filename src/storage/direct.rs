@@ -7,7 +7,10 @@
 //! conflict checks, WAL and statistics; `ExecInsertIndexTuples` fills every index of the partition,
 //! expression and partial ones included, and raises a unique violation as the INSERT would. A
 //! partition with triggers, CHECK constraints, generated columns, row security or columns beyond the
-//! record's (a DBA's additions) is left to the SPI statement: [`insert`] then answers false.
+//! record's (a DBA's additions) is left to the SPI statement: [`insert`] then answers false. So is a
+//! row whose `created_at` lies outside the partition's range as its catalog entry holds it: the
+//! executor's partition check then refuses it with PostgreSQL's own error, where a direct insert would
+//! have put it where no lookup by time finds it.
 use super::catalog::Invalidated;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -42,8 +45,8 @@ const COLUMN_NAMES: [&std::ffi::CStr; 10] = [
 ];
 
 /// What a backend knows about a partition: where each record column is (a partition attached by a
-/// DBA may order its columns differently), or None when inserts there need the executor.
-type Layout = Option<[usize; 10]>;
+/// DBA may order its columns differently) and its range, or None when inserts there need the executor.
+type Layout = Option<([usize; 10], (pg_sys::TimestampTz, pg_sys::TimestampTz))>;
 
 thread_local! {
     static LAYOUTS: RefCell<HashMap<pg_sys::Oid, Layout>> = RefCell::new(HashMap::new());
@@ -87,7 +90,8 @@ unsafe fn layout(rel: pg_sys::Relation) -> Layout {
         }
         *slot = attnum as usize - 1;
     }
-    let layout = found.then_some(columns);
+    let range = super::bounds::partition_range(relid);
+    let layout = if found { range.map(|r| (columns, r)) } else { None };
     LAYOUTS.with_borrow_mut(|l| l.insert(relid, layout));
     layout
 }
@@ -102,10 +106,14 @@ pub fn insert(partition: pg_sys::Oid, row: &Row) -> bool {
     // in the slot is of its column's type and lives in the current memory context until then.
     unsafe {
         let rel = pg_sys::table_open(partition, pg_sys::RowExclusiveLock as i32);
-        let Some(columns) = layout(rel) else {
+        let Some((columns, (from, to))) = layout(rel) else {
             pg_sys::table_close(rel, pg_sys::NoLock as i32);
             return false;
         };
+        if !(from <= row.created_at && row.created_at < to) {
+            pg_sys::table_close(rel, pg_sys::NoLock as i32);
+            return false;
+        }
         let slot = pg_sys::table_slot_create(rel, std::ptr::null_mut());
         pg_sys::ExecClearTuple(slot);
         let natts = (*(*slot).tts_tupleDescriptor).natts as usize;

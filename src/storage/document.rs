@@ -102,6 +102,17 @@ impl Documents {
         self.0
     }
 
+    /// The number of elements, read from the array's header without converting any.
+    pub fn len(&self) -> usize {
+        // SAFETY: `self.0` is a detoasted jsonb[] (from from_datum); its `ndim` dimensions follow the
+        // ArrayType header (C's ARR_DIMS), and ArrayGetNItems raises an ERROR on an overflowing product.
+        unsafe {
+            let array = self.0.cast_mut_ptr::<pg_sys::ArrayType>();
+            let dims = (array as *mut u8).add(std::mem::size_of::<pg_sys::ArrayType>()) as *mut i32;
+            pg_sys::ArrayGetNItems((*array).ndim, dims) as usize
+        }
+    }
+
     /// The stored size of each element (None for a NULL element).
     pub fn sizes(&self) -> Vec<Option<usize>> {
         // SAFETY: `self.0` is a detoasted jsonb[] (from from_datum); deconstruct_array fills the three

@@ -296,6 +296,12 @@ impl Filter {
             }
             return None;
         }
+        // heap_deform_tuple writes one value per column of the relation: a column a DBA added to the
+        // table would write past arrays sized for ours, so such a table is "unexpected" too.
+        if (*(*chunks).rd_att).natts != 3 {
+            pg_sys::ReleaseBuffer(buffer);
+            return None;
+        }
         let mut values = [pg_sys::Datum::from(0usize); 3];
         let mut nulls = [true; 3];
         pg_sys::heap_deform_tuple(&mut tuple, (*chunks).rd_att, values.as_mut_ptr(), nulls.as_mut_ptr());
@@ -340,6 +346,7 @@ static LOCK: Stmt =
     Stmt { sql: "SELECT idempotency.seal_lock($1::regclass, $2)", args: &[pg_sys::OIDOID, pg_sys::INT4OID] };
 static KEY_HASHES: Stmt =
     Stmt { sql: "SELECT hashtextextended(scope || E'\\x1f' || key, 18756) FROM {partition}", args: &[] };
+static KEY_COUNT: Stmt = Stmt { sql: "SELECT count(*) FROM {partition}", args: &[] };
 static BYTES_USED: Stmt =
     Stmt { sql: "SELECT (coalesce(sum(blocks::int8), 0) * 32)::int8 FROM idempotency.sealed", args: &[] };
 static ADD_CHUNK: Stmt = Stmt {
@@ -427,6 +434,7 @@ pub fn seal_partition(partition: pg_sys::Oid) -> bool {
     if !installed() {
         crate::errors::invalid("the schema predates sealed partitions: run ALTER EXTENSION idempotency UPDATE".into());
     }
+    let _pinned = super::settings::Pinned::enter();
     let conn = Conn::open();
     // Claims this transaction remembers get their rows first: the seal must see every key.
     super::deferred::write_all(&conn, None);
@@ -457,12 +465,10 @@ pub fn seal_partition(partition: pg_sys::Oid) -> bool {
 /// Builds and stores one partition's filter; the caller holds its SHARE lock.
 fn seal(conn: &Conn, partition: pg_sys::Oid, name: &str, range_to: pg_sys::TimestampTz) {
     // The latest snapshot: the writers the lock waited for committed after this transaction's
-    // snapshot (REPEATABLE READ) was taken, and their keys must be in.
-    let hashes: Vec<u64> = {
-        let rows = conn.run_on(&KEY_HASHES, partition, &[], Snap::Latest);
-        (0..rows.len()).map(|i| rows.get::<i64>(i, 1).expect("hash") as u64).collect()
-    };
-    let blocks = blocks_for(hashes.len() as u64);
+    // snapshot (REPEATABLE READ) was taken, and their keys must be in. The keys are counted first, so
+    // the filter's size is checked against the budget before anything is read or allocated for it.
+    let keys: i64 = conn.run_on(&KEY_COUNT, partition, &[], Snap::Latest).get(0, 1).unwrap_or(0);
+    let blocks = blocks_for(keys as u64);
     let used: i64 = conn.run(&BYTES_USED, &[], Snap::Statement).get(0, 1).unwrap_or(0);
     let bytes = blocks as u64 * BLOCK_BYTES as u64;
     let mut tids: Vec<String> = Vec::new();
@@ -475,10 +481,13 @@ fn seal(conn: &Conn, partition: pg_sys::Oid, name: &str, range_to: pg_sys::Times
         }
         0
     } else {
+        // Streamed: the hashes go into the bits a batch at a time, never all in memory at once.
         let mut bits = vec![0u8; bytes as usize];
-        for h in &hashes {
-            insert(&mut bits, *h);
-        }
+        conn.for_each_batch_on(&KEY_HASHES, partition, 10_000, |rows| {
+            for i in 0..rows.len() {
+                insert(&mut bits, rows.get::<i64>(i, 1).expect("hash") as u64);
+            }
+        });
         for (n, chunk) in bits.chunks(CHUNK_BLOCKS * BLOCK_BYTES).enumerate() {
             let rows = conn.run(&ADD_CHUNK, &[arg(partition), arg(n as i32), arg(chunk)], Snap::Statement);
             tids.push(rows.get::<String>(0, 1).expect("ctid"));
@@ -491,7 +500,7 @@ fn seal(conn: &Conn, partition: pg_sys::Oid, name: &str, range_to: pg_sys::Times
             arg(partition),
             arg(name),
             ts_arg(range_to),
-            arg(hashes.len() as i64),
+            arg(keys),
             arg(stored_blocks),
             arg(tids),
         ],

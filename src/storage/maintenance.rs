@@ -4,12 +4,16 @@
 use super::filters;
 use super::keylock;
 use super::partitions;
+use super::settings::Pinned;
+use super::xact;
 use super::spi::{arg, ts_arg, Conn, Snap, Stmt};
 use crate::gucs::{self, PartitionManager};
 use pgrx::pg_sys;
 
-/// At most this many stuck leases are reclaimed per round, so one round stays short.
-const RECLAIM_PER_ROUND: i64 = 10_000;
+/// At most this many stuck leases are reclaimed per round: each holds its key's lock (one entry of the
+/// shared lock table) until the round's transaction ends. The worker runs more rounds of reclaim while a
+/// round reclaims this many.
+pub const RECLAIM_PER_ROUND: i64 = 1_000;
 
 static STUCK_LEASES: Stmt = Stmt {
     sql: "SELECT scope, key, created_at FROM idempotency.records
@@ -31,6 +35,8 @@ pub struct Round {
     pub reclaimed: i64,
     pub sealed: i32,
     pub seal_deferred: i32,
+    /// The steps that failed (and were undone), as "step: message".
+    pub errors: Vec<String>,
 }
 
 impl Round {
@@ -47,27 +53,66 @@ pub fn round(as_of: pg_sys::TimestampTz, wait: bool) -> Option<Round> {
     if !keylock::lock_maintenance(wait) {
         return None;
     }
+    let _pinned = Pinned::enter();
     let conn = Conn::open();
     // Claims this transaction remembers get their rows first: a seal must see every key.
     super::deferred::write_all(&conn, None);
     let mut round = Round::default();
-    if gucs::partition_manager() == PartitionManager::Builtin {
-        round.created = partitions::create_missing(&conn, as_of);
-        let dropped = partitions::drop_expired(&conn, as_of);
+    // Each step in a subtransaction of its own: a step that fails (a seal over its budget, a drop
+    // refused) is undone alone and reported, and the others still keep retention going.
+    let manager = gucs::partition_manager();
+    if manager == PartitionManager::Builtin {
+        round.created = round.step("premake", || partitions::create_missing(&conn, as_of));
+        let dropped = round.step("drop", || partitions::drop_expired(&conn, as_of));
         round.dropped = dropped.dropped;
         round.deferred = dropped.deferred;
+        for message in dropped.failed {
+            pgrx::warning!("idempotency maintenance: dropping {message}");
+            round.errors.push(format!("drop {message}"));
+        }
     }
-    if gucs::partition_manager() == PartitionManager::PgPartman {
-        partitions::index_missing(&conn);
+    if manager == PartitionManager::PgPartman {
+        round.step("index", || partitions::index_missing(&conn));
     }
     // With `none` nobody premakes the partition that rows of a sealed one would move to.
-    if gucs::partition_manager() != PartitionManager::None {
-        let sealing = filters::seal_past(&conn, as_of);
+    if manager != PartitionManager::None {
+        let sealing = round.step("seal", || filters::seal_past(&conn, as_of));
         round.sealed = sealing.sealed;
         round.seal_deferred = sealing.deferred;
     }
-    round.reclaimed = reclaim(&conn, as_of - gucs::reclaim_after().as_micros() as i64);
+    round.reclaimed = round.step("reclaim", || reclaim(&conn, as_of - gucs::reclaim_after().as_micros() as i64));
     Some(round)
+}
+
+impl Round {
+    /// Runs one step of the round in a subtransaction of its own; a step that raised an ERROR was undone,
+    /// counts as nothing done, and its message is kept in `errors` (and logged).
+    fn step<T: Default>(&mut self, name: &str, f: impl FnOnce() -> T) -> T {
+        match xact::in_subtransaction(f) {
+            Ok(done) => done,
+            Err(message) => {
+                pgrx::warning!("idempotency maintenance: the {name} step failed and was undone: {message}");
+                self.errors.push(format!("{name}: {message}"));
+                T::default()
+            }
+        }
+    }
+
+    /// The first failed step's error, for the round's record.
+    pub fn error(&self) -> Option<String> {
+        self.errors.first().cloned()
+    }
+}
+
+/// One more batch of reclaim as of `as_of`, in the current transaction, for the worker while a round
+/// reclaimed [`RECLAIM_PER_ROUND`] keys. None when another round holds the maintenance lock.
+pub fn reclaim_more(as_of: pg_sys::TimestampTz) -> Option<i64> {
+    if !keylock::lock_maintenance(false) {
+        return None;
+    }
+    let _pinned = Pinned::enter();
+    let conn = Conn::open();
+    Some(reclaim(&conn, as_of - gucs::reclaim_after().as_micros() as i64))
 }
 
 /// Deletes keys whose lease expired before `cutoff` and that nobody took over. A key whose lock

@@ -9,12 +9,14 @@
 //!   `filters`: sealed partitions and their membership filters; `keylock`: the per-key lock; `catalog`: cached catalog facts; `xact`: transaction facts;
 //!   `document`: jsonb payloads passed through.
 mod admin;
+mod bounds;
 mod catalog;
 mod decide;
 mod deferred;
 mod direct;
 mod document;
 mod filters;
+mod grants;
 mod keylock;
 mod maintenance;
 mod offsets;
@@ -23,16 +25,20 @@ mod partitions;
 mod partman;
 mod probe;
 mod records;
+mod settings;
 mod spi;
 mod xact;
 
 pub use admin::{forget, redrive, redrive_scope};
+pub use bounds::partition_range;
+pub use settings::pin_session as pin_session_settings;
 pub use document::{Document, Documents};
-pub use maintenance::round as maintenance_round;
+pub use maintenance::{reclaim_more, round as maintenance_round, RECLAIM_PER_ROUND};
 pub use offsets::{
     list as list_offsets, next as next_offset, record as record_offset, reset as reset_offset, Position,
 };
 pub use filters::seal_partition;
+pub use grants::{allowed as grant_allows, changed as grants_changed, Kind as GrantKind};
 pub use partitions::premake as premake_partitions;
 pub use partman::handover as partman_handover;
 pub use records::{
@@ -43,5 +49,12 @@ pub use xact::start_time as transaction_start;
 /// Process start: the relcache callback that keeps the cached catalog facts true.
 pub fn init() {
     deferred::init();
-    catalog::init(&[probe::forget_layouts, direct::forget_layouts, partitions::forget_coverage, filters::forget]);
+    grants::init();
+    catalog::init(&[
+        probe::forget_layouts,
+        direct::forget_layouts,
+        partitions::forget_coverage,
+        filters::forget,
+        grants::forget,
+    ]);
 }

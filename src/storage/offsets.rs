@@ -112,12 +112,12 @@ pub fn next(p: Position) -> Option<i64> {
 }
 
 /// Sets the position, backwards or forwards, keeping the generation.
-pub fn reset(p: Position, next_offset: i64) {
+pub fn reset(p: Position, next_offset: i64, generation: Option<i64>) {
     let conn = Conn::open();
-    if let Some((_, generation)) = lock_or_create(&conn, p, next_offset, None) {
+    if let Some((_, stored)) = lock_or_create(&conn, p, next_offset, generation) {
         conn.run(
             &UPDATE_ROW,
-            &[arg(p.group), arg(p.topic), arg(p.partition), arg(next_offset), arg(generation)],
+            &[arg(p.group), arg(p.topic), arg(p.partition), arg(next_offset), arg(generation.or(stored))],
             Snap::Statement,
         );
     }

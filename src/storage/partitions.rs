@@ -8,6 +8,7 @@
 //! and create the missing partitions if there is none.
 use super::catalog::{self, Invalidated};
 use super::keylock;
+use super::settings::Pinned;
 use super::spi::{arg, ts_arg, Conn, Snap, Stmt};
 use crate::gucs;
 use pgrx::pg_sys;
@@ -52,7 +53,8 @@ impl Coverage {
 }
 
 /// Slots from `$1`'s slot to `$3` intervals ahead that no existing partition overlaps, each as
-/// the DDL that creates it and its indexes. `$2` is the partition interval. The record table has
+/// the DDL that creates it and its indexes. The bounds are written as UTC ISO text, which reads back
+/// as the same instant under any `DateStyle` and `TimeZone` (the DDL also runs with them pinned). `$2` is the partition interval. The record table has
 /// no index of its own (a partitioned index would make every restored partition's index collide
 /// with the one `ATTACH PARTITION` makes), so each partition gets its own.
 static MISSING_PARTITIONS: Stmt = Stmt {
@@ -64,7 +66,8 @@ WITH slots AS (
       FROM generate_series(date_bin($2, $1, timestamptz '2000-01-01 00:00:00+00'), $1 + $2 * $3, $2) AS s
 )
 SELECT format('CREATE TABLE IF NOT EXISTS idempotency.%I PARTITION OF idempotency.records FOR VALUES FROM (%L) TO (%L)',
-              s.name, s.lo, s.hi)
+              s.name, to_char(s.lo AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US') || '+00',
+              to_char(s.hi AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US') || '+00')
        -- Between the restart on a new build and ALTER EXTENSION UPDATE, the 0.1.0 schema has no
        -- index_partition: its partitioned indexes give the new partition its indexes.
        || CASE WHEN to_regprocedure('idempotency.index_partition(regclass)') IS NULL THEN ''
@@ -150,6 +153,8 @@ fn missing(conn: &Conn, as_of: pg_sys::TimestampTz) -> Vec<String> {
 pub fn create_missing(conn: &Conn, as_of: pg_sys::TimestampTz) -> i32 {
     check_finite("as_of", as_of);
     let mut ddl = missing(conn, as_of);
+    // In a consumer's session too: its DateStyle, TimeZone or default_tablespace must not reach the DDL.
+    let _pinned = (!ddl.is_empty()).then(Pinned::enter);
     if !ddl.is_empty() {
         keylock::lock_partition_creation();
         ddl = missing(conn, as_of); // another creator may have finished meanwhile
@@ -251,6 +256,8 @@ pub struct Dropped {
     pub dropped: i32,
     /// Partitions whose lock was not had within `idempotency.drop_lock_timeout`: next round.
     pub deferred: i32,
+    /// Partitions whose drop failed, as "partition: message".
+    pub failed: Vec<String>,
 }
 
 /// Drops the partitions whose whole range is older than `as_of - idempotency.retention`.
@@ -264,15 +271,20 @@ pub fn drop_expired(conn: &Conn, as_of: pg_sys::TimestampTz) -> Dropped {
     };
     let mut done = Dropped::default();
     for name in names {
-        let rows = conn.run(
-            &DROP,
-            &[arg(name.as_str()), arg(gucs::drop_lock_timeout().as_millis() as i32)],
-            Snap::Statement,
-        );
-        if rows.get::<bool>(0, 1) == Some(true) {
-            done.dropped += 1;
-        } else {
-            done.deferred += 1;
+        // Each drop on its own: a partition that cannot be dropped (a DBA's view on it) is reported,
+        // and the others still go.
+        let dropped = super::xact::in_subtransaction(|| {
+            let rows = conn.run(
+                &DROP,
+                &[arg(name.as_str()), arg(gucs::drop_lock_timeout().as_millis() as i32)],
+                Snap::Statement,
+            );
+            rows.get::<bool>(0, 1) == Some(true)
+        });
+        match dropped {
+            Ok(true) => done.dropped += 1,
+            Ok(false) => done.deferred += 1,
+            Err(message) => done.failed.push(format!("{name}: {message}")),
         }
     }
     done

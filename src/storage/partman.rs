@@ -23,6 +23,8 @@ static FIRST_PARTITION: Stmt =
 /// Registers the record table with pg_partman (or refreshes its retention and premake), gives the
 /// template table and the existing partitions their indexes. Returns what it did, for the DBA.
 pub fn handover() -> String {
+    // The first partition's time travels to pg_partman as text: ISO and UTC, whatever the session's.
+    let _pinned = super::settings::Pinned::enter();
     let conn = Conn::open();
     let found = conn.run(&PARTMAN, &[], Snap::Statement);
     if found.len() == 0 {

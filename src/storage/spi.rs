@@ -147,6 +147,36 @@ impl Conn {
         Rows::current(self)
     }
 
+    /// Runs a saved statement on one partition under the latest snapshot through a cursor, handing
+    /// `each` its rows `batch` at a time: a result of any size is read in bounded memory.
+    pub fn for_each_batch_on(&self, stmt: &'static Stmt, partition: pg_sys::Oid, batch: i64, mut each: impl FnMut(&Rows)) {
+        assert!(stmt.args.is_empty(), "no arguments for a cursor: {}", stmt.sql);
+        let plan = self.plan(stmt, partition);
+        // SAFETY: the plan is a kept plan without parameters; the latest snapshot is pushed as the
+        // active one for the cursor (read_only makes the portal use it) and popped once the cursor is
+        // closed; each batch's tuple table is freed before the next fetch, after `each` is done with
+        // it (the rows cannot outlive the closure call). An ERROR in between leaves the portal, the
+        // snapshot and the tables to the (sub)transaction's cleanup.
+        unsafe {
+            pg_sys::PushActiveSnapshot(pg_sys::GetLatestSnapshot());
+            let portal = pg_sys::SPI_cursor_open(std::ptr::null(), plan, std::ptr::null_mut(), std::ptr::null(), true);
+            if portal.is_null() {
+                panic!("SPI_cursor_open failed for: {}", stmt.sql);
+            }
+            loop {
+                pg_sys::SPI_cursor_fetch(portal, true, batch);
+                let rows = Rows::current(self);
+                if rows.len() == 0 {
+                    break;
+                }
+                each(&rows);
+                pg_sys::SPI_freetuptable(pg_sys::SPI_tuptable);
+            }
+            pg_sys::SPI_cursor_close(portal);
+            pg_sys::PopActiveSnapshot();
+        }
+    }
+
     /// Runs a one-off statement built at run time (DDL, or SQL naming a schema found at run time).
     pub fn execute(&self, sql: &str) -> Rows<'_> {
         let sql = CString::new(sql).expect("statement text has no NUL");

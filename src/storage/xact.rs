@@ -33,3 +33,52 @@ pub fn snapshot_misses(xmin: pg_sys::TransactionId) -> bool {
     // function), and XidInMVCCSnapshot only reads it.
     unsafe { pg_sys::XidInMVCCSnapshot(xmin, pg_sys::GetTransactionSnapshot()) }
 }
+
+/// Runs `f` in a subtransaction of its own: its effects are kept when it returns, and undone when it
+/// raises an ERROR, which is then returned as its message instead of aborting the transaction (what a
+/// PL/pgSQL exception block does).
+pub fn in_subtransaction<T>(f: impl FnOnce() -> T) -> Result<T, String> {
+    // SAFETY: begins a subtransaction inside the current transaction and returns to the caller's memory
+    // context and resource owner, as PL/pgSQL does before the block's statements.
+    let (context, owner) = unsafe {
+        let context = pg_sys::CurrentMemoryContext;
+        let owner = pg_sys::CurrentResourceOwner;
+        pg_sys::BeginInternalSubTransaction(std::ptr::null());
+        pg_sys::MemoryContextSwitchTo(context);
+        (context, owner)
+    };
+    let back = move || {
+        // SAFETY: the caller's memory context and resource owner outlive the subtransaction.
+        unsafe {
+            pg_sys::MemoryContextSwitchTo(context);
+            pg_sys::CurrentResourceOwner = owner;
+        }
+    };
+    pgrx::PgTryBuilder::new(std::panic::AssertUnwindSafe(|| {
+        let value = f();
+        // SAFETY: commits the subtransaction begun above, which is the current one.
+        unsafe { pg_sys::ReleaseCurrentSubTransaction() };
+        back();
+        Ok(value)
+    }))
+    .catch_others(|e| {
+        use pgrx::pg_sys::panic::CaughtError;
+        let report = match &e {
+            CaughtError::PostgresError(r) | CaughtError::ErrorReport(r) => r,
+            CaughtError::RustPanic { ereport, .. } => ereport,
+        };
+        let message = report.message().to_owned();
+        let canceled = report.sql_error_code() == pgrx::PgSqlErrorCode::ERRCODE_QUERY_CANCELED;
+        back();
+        // SAFETY: the error was caught (its state flushed by pgrx); rolling back the subtransaction
+        // begun above releases its locks, buffers and memory, as after a PL/pgSQL exception.
+        unsafe { pg_sys::RollbackAndReleaseCurrentSubTransaction() };
+        back();
+        // A cancel (pg_cancel_backend, statement_timeout) stops the caller too.
+        if canceled {
+            e.rethrow()
+        }
+        Err(message)
+    })
+    .execute()
+}

@@ -10,7 +10,8 @@ a private copy of the installation with 'citus,idempotency' preloaded on every n
   race         racing consumers (single calls, claim/complete, batches across tenants) with every message
                delivered several times, at READ COMMITTED and REPEATABLE READ: every effect exactly once
   status       idem_status, idem_heartbeat, idem_fail, idem_complete with tokens, through the coordinator
-  bad-input    a NULL scope for every delegated function (22004, no crash), no scope (the tenant 'default'),
+  bad-input    a NULL scope for every delegated function, in any spelling that folds to NULL (22004, no
+               crash), no scope (the tenant 'default'),
                an empty scope, calls Citus does not delegate (0A000, nothing written)
   in-doubt     transactions spanning both workers and the coordinator's offsets, stopped after the
                coordinator's commit and before COMMIT PREPARED; a worker kill -9ed and restarted; the
@@ -21,7 +22,8 @@ a private copy of the installation with 'citus,idempotency' preloaded on every n
                recovery; every message exactly once, offsets at the end of every stream
   maintenance  the launcher on every node; each node's retention drops its old partitions by itself
   rebalance    citus_move_shard_placement of a tenant's shard: the records stay behind (the failure
-               mode: the key is new again on the new node), then idem_move_records repairs it
+               mode: the key is new again on the new node), then idem_move_records repairs it, running
+               none of the lookalikes a role planted on the workers
 
 The last line is `citus: N passed, N failed`.
 """
@@ -368,12 +370,20 @@ def t_bad_input(cl, ck):
         "SELECT idem_redrive('k', NULL)",
         "SELECT idem_redrive_scope(NULL)",
         "SELECT idem_forget('k', scope => NULL)",
+        # Other spellings of NULL, which Citus folds into the same NULL constant before it hashes it
+        # (0.5.0: signal 11 and crash recovery of the coordinator at the first of them).
+        "SELECT idem_once('k', nullif('x', 'x'))",
+        "SELECT idem_once('k', NULL::name)",
+        "SELECT idem_once('k', CASE WHEN false THEN 'x' END)",
+        "SELECT * FROM idem_claim('k', NULL, upper(NULL))",
+        "SELECT * FROM idem_once_batch(ARRAY['k'], scope => lower(NULL::text) || 'x')",
     ]
     with cl.coord.connect() as c:
         for q in calls:
             st, msg = sqlstate(c, q)
             ck.check(f"{q}: 22004", st == "22004" and "scope must not be NULL" in msg, f"{st} {msg}")
-        for q, p in [("SELECT idem_once(%s, %s)", ("k", None)), ("SELECT outcome FROM idem_claim(%s, NULL, %s)", ("k", None))]:
+        for q, p in [("SELECT idem_once(%s, %s)", ("k", None)), ("SELECT outcome FROM idem_claim(%s, NULL, %s)", ("k", None)),
+                     ("SELECT idem_once(%s, nullif(%s, 'x'))", ("k", "x"))]:
             st, msg = sqlstate(c, q, p)
             ck.check(f"{q} with a NULL bound parameter: 22004", st == "22004", f"{st} {msg}")
         st, msg = sqlstate(c, "DO $$ DECLARE s text; BEGIN PERFORM * FROM idem_claim('k', NULL, s); END $$")
@@ -716,7 +726,13 @@ def t_rebalance(cl, ck):
         ck.check("failure mode: a processed key is new again (idem_once true) and a lease holder gets P0002",
                  again is True and st2 == "P0002", (again, st2, msg))
         # The repair: move the records of the scopes whose shard moved (consumers of those tenants paused).
+        # Meanwhile a role with CREATE on the workers' public schema, first in their search_path, planted
+        # lookalikes of what idem_move_records sends there; they must not run (it runs as the admin).
+        for n in (cl.w1, cl.w2):
+            plant_worker_traps(n)
         moved_n = c.execute("SELECT idem_move_records(%s, '127.0.0.1', %s, '127.0.0.1', %s)", (shard, src, dst)).fetchone()[0]
+        fired = [r for n in (cl.w1, cl.w2) for r in remove_worker_traps(n)]
+        ck.check("idem_move_records ran none of the lookalikes planted on the workers", fired == [], fired)
         st = c.execute("SELECT status FROM idem_status('before-move', %s)", (tenant,)).fetchall()
         again = c.execute("SELECT idem_once('before-move', %s)", (tenant,)).fetchone()[0]
         c.execute("SELECT idem_complete('lease-in-flight', NULL, %s, %s)", (tenant, tok))
@@ -739,6 +755,52 @@ def t_rebalance(cl, ck):
                  (old_again, replay, placed))
         st3, msg = sqlstate(c, "SELECT idem_move_records(%s, '127.0.0.1', %s, '127.0.0.1', %s)", (shard, dst, src))
         ck.check("idem_move_records towards a node that does not hold the shard: 55000", st3 == "55000", f"{st3} {msg}")
+
+
+HOSTILE = "citus_hostile"
+WORKER_TRAPS = """
+CREATE TABLE IF NOT EXISTS public.trap_log (trap text, who name, superuser boolean);
+GRANT INSERT ON public.trap_log TO PUBLIC;
+CREATE OR REPLACE FUNCTION public.worker_hash(text) RETURNS integer LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO public.trap_log VALUES ('worker_hash(text)', current_user, current_setting('is_superuser')::boolean);
+    RETURN pg_catalog.worker_hash($1);
+END $$;
+CREATE OR REPLACE FUNCTION public.date_trunc(text, timestamptz) RETURNS timestamptz LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO public.trap_log VALUES ('date_trunc(text, timestamptz)', current_user, current_setting('is_superuser')::boolean);
+    RETURN pg_catalog.date_trunc($1, $2);
+END $$;
+"""
+
+
+def plant_worker_traps(node):
+    """On one worker: a role with CREATE on public owns lookalikes of functions that idem_move_records used
+    unqualified before 0.6.0, and the database's search_path puts public first."""
+    with node.connect() as w:
+        w.execute("SET citus.enable_ddl_propagation TO off")
+        if not w.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (HOSTILE,)).fetchone():
+            w.execute(f"CREATE ROLE {HOSTILE}")
+        w.execute(f"GRANT CREATE ON SCHEMA public TO {HOSTILE}")
+        w.execute(WORKER_TRAPS)
+        for f in ("worker_hash(text)", "date_trunc(text, timestamptz)"):
+            w.execute(f"ALTER FUNCTION public.{f} OWNER TO {HOSTILE}")
+        w.execute("SELECT public.worker_hash('armed')")
+        armed = w.execute("DELETE FROM public.trap_log RETURNING trap").fetchall()
+        assert armed == [("worker_hash(text)",)], armed
+        w.execute("ALTER DATABASE app SET search_path = public, pg_catalog")
+
+
+def remove_worker_traps(node):
+    """What the traps logged on one worker; then the worker is as before."""
+    with node.connect() as w:
+        w.execute("SET citus.enable_ddl_propagation TO off")
+        w.execute("ALTER DATABASE app RESET search_path")
+        fired = w.execute("SELECT trap, who, superuser FROM public.trap_log").fetchall()
+        w.execute("DROP FUNCTION public.worker_hash(text), public.date_trunc(text, timestamptz)")
+        w.execute("DROP TABLE public.trap_log")
+        w.execute(f"REVOKE CREATE ON SCHEMA public FROM {HOSTILE}")
+    return [(node.port, *r) for r in fired]
 
 
 # README "Rebalancing", the recipe for many shards at once: record the placements, move the shards, then move

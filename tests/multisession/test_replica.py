@@ -368,7 +368,8 @@ def writing_calls(pair):
 
 # The reading functions, which work on a standby (test_standby_reads_what_the_primary_committed), and the
 # pure key and fingerprint helpers.
-READING = {"idem_status", "idem_offsets", "idem_next_offset", "idem_key", "idem_fingerprint", "idem_metrics"}
+READING = {"idem_status", "idem_offsets", "idem_next_offset", "idem_key", "idem_fingerprint", "idem_metrics",
+           "idempotency.partition_range"}
 # The statistics are each server's own shared memory: they work on a standby too, where they count
 # nothing (it writes nothing) and their reset touches only the standby's.
 STATISTICS = {"idem_stats", "idem_stats_reset", "idempotency.scope_stats", "idempotency.stats_totals",
@@ -378,6 +379,9 @@ STATISTICS = {"idem_stats", "idem_stats_reset", "idempotency.scope_stats", "idem
 LOCKING = {"idempotency.seal_lock"}
 # Citus only (tests/citus): they refuse to run without a Citus coordinator before writing anything.
 CITUS = {"idem_distribute", "idem_move_records", "idempotency.refuse_undelegated"}
+# The statement trigger of idempotency.scope_grants: it runs only after a write to that table, which a
+# standby refuses (the grant functions below).
+TRIGGERS = {"idempotency.scope_grants_changed"}
 
 
 def helper_calls(conn):
@@ -393,6 +397,12 @@ def helper_calls(conn):
         ("idempotency.index_partition", f"SELECT idempotency.index_partition('{current}')"),
         # idem_move_records' half on the target worker (it runs anywhere: a standby refuses its writes).
         ("idempotency.adopt_records", "SELECT idempotency.adopt_records('[]')"),
+        # Scope grants write idempotency.scope_grants (SQL functions: PostgreSQL's own message).
+        ("idem_grant_scope", "SELECT idem_grant_scope('postgres', 'x')"),
+        ("idem_revoke_scope", "SELECT idem_revoke_scope('postgres', 'x')"),
+        ("idem_grant_group", "SELECT idem_grant_group('postgres', 'x')"),
+        ("idem_revoke_group", "SELECT idem_revoke_group('postgres', 'x')"),
+        ("idempotency.grant_pattern", "SELECT idempotency.grant_pattern('postgres', 'scope', 'x', false)"),
     ]
 
 
@@ -457,7 +467,7 @@ def test_standby_refuses_every_writing_function(pair):
         assert before_s["keys"] == before_p["keys"] and before_s["offsets"] == before_p["offsets"]
         # Every function of the extension is covered here or by the reading test: a new one must
         # be added to one of the lists.
-        covered = READING | STATISTICS | LOCKING | CITUS | {n for n, _ in writing_calls(pair)} | {n for n, _ in helper_calls(s)}
+        covered = READING | STATISTICS | LOCKING | CITUS | TRIGGERS | {n for n, _ in writing_calls(pair)} | {n for n, _ in helper_calls(s)}
         assert extension_functions(s) == covered
         problems = []
         for name, sql in writing_calls(pair):

@@ -141,14 +141,17 @@ TTL_BAD = [
     ("one month minus 30 days", "1 mon -30 days", "22023"),
     ("minus one microsecond", "-00:00:00.000001", "22023"),
     ("most negative interval", "-178000000 years", "22023"),
-    ("100,000,000 years", "100000000 years", "22008"),
-    ("largest interval", "178000000 years", "22008"),
-    ("2147483647 days", "2147483647 days", "22008"),
+    # Longer than idempotency.max_lease_ttl (a day by default): refused before any time is computed.
+    ("100,000,000 years", "100000000 years", "22023"),
+    ("largest interval", "178000000 years", "22023"),
+    ("2147483647 days", "2147483647 days", "22023"),
+    ("ten years", "10 years", "22023"),
+    ("a day and a microsecond", "1 day 00:00:00.000001", "22023"),
 ]
 TTL_VALID = [
     ("one microsecond", "00:00:00.000001"),
     ("NULL (idempotency.lease_ttl)", None),
-    ("ten years", "10 years"),
+    ("a day (idempotency.max_lease_ttl)", "1 day"),
 ]
 
 TOKEN_BAD = [

@@ -29,11 +29,14 @@ ADMIN, MONITOR = "priv_admin", "priv_monitor"
 # What monitoring reads: pg_monitor and idempotency_admin, nobody else.
 OBSERVE = [
     "SELECT * FROM idempotency.stats",
-    "SELECT * FROM idempotency.in_flight",
-    "SELECT * FROM idempotency.dead_letters",
     "SELECT * FROM idempotency.partitions",
     "SELECT * FROM idem_stats()",
     "SELECT * FROM idem_metrics()",
+]
+# Keys, live fencing tokens and stored errors: idempotency_admin only, not pg_monitor.
+OBSERVE_KEYS = [
+    "SELECT * FROM idempotency.in_flight",
+    "SELECT * FROM idempotency.dead_letters",
 ]
 # What only idempotency_admin may do.
 STEER = [
@@ -44,8 +47,9 @@ STEER = [
 ]
 # The only privileges on the storage schema besides the owner's: reading the views, and the schema's
 # USAGE that reaching them needs.
-VIEW_READERS = {(f"idempotency.{v}", r, "SELECT") for v in ("stats", "in_flight", "dead_letters", "partitions")
-                for r in ("pg_monitor", "idempotency_admin")}
+VIEW_READERS = ({(f"idempotency.{v}", r, "SELECT") for v in ("stats", "partitions")
+                 for r in ("pg_monitor", "idempotency_admin")}
+                | {(f"idempotency.{v}", "idempotency_admin", "SELECT") for v in ("in_flight", "dead_letters", "scope_grants")})
 
 CONSUMER_FUNCTIONS = {
     "idem_claim(text,interval,text,text,boolean)", "idem_complete(text,jsonb,text,bigint)",
@@ -247,10 +251,10 @@ def _admin_and_monitor(cluster, result, checks):
     with cluster.connect(DB, user=MONITOR) as c:
         for sql in OBSERVE:
             _expect(c, sql, "ok", result, "monitor", checks, "observe ok")
-        for sql in STEER + ["SELECT idem_once('m', scope => 'monitor')"]:
+        for sql in OBSERVE_KEYS + STEER + ["SELECT idem_once('m', scope => 'monitor')"]:
             _expect(c, sql, "42501", result, "monitor", checks, "denied")
     with cluster.connect(DB, user=ADMIN) as c:
-        for sql in OBSERVE + STEER:
+        for sql in OBSERVE + OBSERVE_KEYS + STEER:
             _expect(c, sql, "ok", result, "admin", checks, "observe ok")
         _expect(c, "SELECT idem_once('a', scope => 'admin')", "42501", result, "admin", checks, "denied")
         # For real, not rolled back: the dead letter b3 (failed by the consumer API run) is redriven.
@@ -336,7 +340,8 @@ def _consumer(cluster, result, checks, partition):
         for sql in DENIED:
             _expect(c, sql.format(partition=partition), "42501", result, "consumer", checks, "denied")
         # The superuser-only limits: a consumer can raise none of them.
-        for guc, value in (("max_key_bytes", "'1MB'"), ("max_payload_bytes", "'1GB'"), ("max_batch_keys", "1000000")):
+        for guc, value in (("max_key_bytes", "'1MB'"), ("max_payload_bytes", "'1GB'"), ("max_batch_keys", "1000000"),
+                           ("max_attempts", "1000000"), ("filter_cache", "'2TB'"), ("max_lease_ttl", "'1000d'")):
             _expect(c, f"SET idempotency.{guc} = {value}", "42501", result, "consumer", checks, "denied")
     # Not even by setting the placeholder before the library is loaded in its session.
     with cluster.connect(DB, user=CONSUMER) as c:

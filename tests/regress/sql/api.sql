@@ -36,9 +36,11 @@ SHOW idempotency.max_key_bytes;
 SHOW idempotency.max_payload_bytes;
 SHOW idempotency.partition_interval;
 SHOW idempotency.premake;
+SHOW idempotency.max_lease_ttl;
 SELECT name, context FROM pg_settings
 WHERE name IN ('idempotency.lease_ttl', 'idempotency.max_attempts', 'idempotency.max_key_bytes',
-               'idempotency.max_payload_bytes', 'idempotency.partition_interval', 'idempotency.premake')
+               'idempotency.max_payload_bytes', 'idempotency.partition_interval', 'idempotency.premake',
+               'idempotency.max_lease_ttl', 'idempotency.filter_cache')
 ORDER BY name;
 -- sighup GUCs cannot be changed in a session.
 SET idempotency.partition_interval = '2d';
@@ -105,15 +107,22 @@ SELECT idem_heartbeat('api-plain-2', ttl => '1 hour', token => :plain_tok) > now
 SELECT idem_fail('api-plain-2', '"boom"', retryable => false, token => :plain_tok) AS fail_result;
 SELECT idem_once('api-plain-once') AS first, idem_once('api-plain-once') AS second;
 SELECT status, payload FROM idem_status('api-plain');
--- superuser GUCs cannot be changed by a plain role.
+-- superuser GUCs cannot be changed by a plain role: the limits and the policies.
 SET idempotency.max_key_bytes = 16;
 SET idempotency.max_payload_bytes = '1kB';
--- user GUCs can.
 SET idempotency.max_attempts = 3;
-SET idempotency.lease_ttl = '30s';
+SET idempotency.max_lease_ttl = '1000d';
+SET idempotency.filter_cache = '1GB';
 SHOW idempotency.max_attempts;
+-- user GUCs can.
+SET idempotency.lease_ttl = '30s';
 SHOW idempotency.lease_ttl;
-RESET idempotency.max_attempts;
+RESET idempotency.lease_ttl;
+-- A lease longer than idempotency.max_lease_ttl is refused, taken or renewed.
+SELECT outcome FROM idem_claim('api-plain-long', ttl => '25 hours');
+SELECT outcome FROM idem_claim('api-plain-long', ttl => '290000 years');
+SET idempotency.lease_ttl = '2d';
+SELECT outcome FROM idem_claim('api-plain-long');
 RESET idempotency.lease_ttl;
 RESET ROLE;
 DROP ROLE idem_plain;

@@ -101,14 +101,17 @@ SELECT count(*) FROM idempotency.dead_letters;
 SELECT count(*) FROM idem_metrics();
 RESET ROLE;
 SET ROLE obs_monitor;
+-- pg_monitor reads counts and partitions; keys, live tokens and stored errors stay with idempotency_admin.
 SELECT count(*) FROM idempotency.in_flight;
 SELECT count(*) FROM idempotency.dead_letters;
+SELECT count(*) > 0 FROM idempotency.partitions;
 SELECT count(*) FROM idempotency.stats;
 SELECT count(*) > 0 FROM idem_metrics();
 SELECT idem_forget('leased', scope => 'obs');
 SELECT idem_stats_reset();
 RESET ROLE;
 SET ROLE obs_admin;
+SELECT count(*) FROM idempotency.dead_letters;
 SELECT idem_forget('leased', scope => 'obs') AS admin_forgets;
 SELECT count(*) FROM idempotency.in_flight WHERE key = 'leased';
 SELECT idem_claim('x') IS NULL;

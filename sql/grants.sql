@@ -1,0 +1,56 @@
+-- Scope and consumer-group grants (see src/storage/grants.rs and docs/security.md). Off until the first
+-- grant of a kind: without grants every member of idempotency_consumer is trusted with every scope and
+-- group. role is a regrole, so that pg_dump writes it as the role's name; pattern is a scope or group name,
+-- or a prefix followed by '*'.
+CREATE TABLE idempotency.scope_grants (
+    role       regrole NOT NULL,
+    kind       text NOT NULL CHECK (kind IN ('scope', 'group')),
+    pattern    text COLLATE "C" NOT NULL CHECK (pattern <> ''),
+    granted_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    PRIMARY KEY (role, kind, pattern)
+);
+COMMENT ON TABLE idempotency.scope_grants IS
+'Which roles may call with which scopes and consumer groups (idem_grant_scope, idem_grant_group). Enforced once a kind has a grant, or always with idempotency.require_scope_grants.';
+-- Every change, by the functions below or by hand, tells every backend to read the grants again.
+CREATE TRIGGER scope_grants_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON idempotency.scope_grants
+    FOR EACH STATEMENT EXECUTE FUNCTION idempotency.scope_grants_changed();
+SELECT pg_catalog.pg_extension_config_dump('idempotency.scope_grants', '');
+
+CREATE FUNCTION idempotency.grant_pattern(grantee regrole, kind text, pattern text, revoke boolean)
+RETURNS boolean LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    done boolean;
+BEGIN
+    IF grantee IS NULL OR pattern IS NULL THEN
+        RAISE EXCEPTION 'idempotency: role and % must not be NULL', kind USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF pattern = '' THEN
+        RAISE EXCEPTION 'idempotency: % must not be empty', kind
+            USING ERRCODE = 'invalid_parameter_value', HINT = 'Grant ''*'' for every name.';
+    END IF;
+    IF revoke THEN
+        DELETE FROM idempotency.scope_grants g WHERE g.role = grantee AND g.kind = grant_pattern.kind
+                                                 AND g.pattern = grant_pattern.pattern;
+    ELSE
+        INSERT INTO idempotency.scope_grants (role, kind, pattern) VALUES (grantee, grant_pattern.kind, grant_pattern.pattern)
+            ON CONFLICT DO NOTHING;
+    END IF;
+    GET DIAGNOSTICS done = ROW_COUNT;
+    RETURN done;
+END
+$$;
+COMMENT ON FUNCTION idempotency.grant_pattern(regrole, text, text, boolean) IS
+'What idem_grant_scope, idem_revoke_scope, idem_grant_group and idem_revoke_group do.';
+
+CREATE FUNCTION idem_grant_scope(role regrole, scope text) RETURNS boolean
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$ SELECT idempotency.grant_pattern(role, 'scope', scope, false) $$;
+CREATE FUNCTION idem_revoke_scope(role regrole, scope text) RETURNS boolean
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$ SELECT idempotency.grant_pattern(role, 'scope', scope, true) $$;
+CREATE FUNCTION idem_grant_group(role regrole, consumer_group text) RETURNS boolean
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$ SELECT idempotency.grant_pattern(role, 'group', consumer_group, false) $$;
+CREATE FUNCTION idem_revoke_group(role regrole, consumer_group text) RETURNS boolean
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$ SELECT idempotency.grant_pattern(role, 'group', consumer_group, true) $$;

@@ -1,0 +1,260 @@
+-- 0.5.0 -> 0.6.0: hostile sessions get nowhere (issue 20).
+-- * idempotency.partitions reads each partition's range from its catalog entry through the new
+--   idempotency.partition_range(oid), never through text: under some DateStyle, TimeZone or zone
+--   abbreviations the text read back hours away from the bound, and a consumer's keys went to the wrong
+--   partition, where another session did not find them.
+-- * idempotency.partitions and idempotency.stats are recreated with every operator's operands of exactly its
+--   types and every function qualified: before, an operator a database owner planted in the schema
+--   CREATE EXTENSION ran in (oid = regclass, bigint / double precision) was bound into them and ran as the
+--   storage's owner.
+-- * idem_move_records qualifies every function, type and operator of the statements it sends to Citus workers.
+-- * pg_monitor no longer reads idempotency.in_flight and idempotency.dead_letters (keys, live fencing tokens,
+--   stored errors): idempotency_admin does.
+-- * Scope and consumer-group grants: idem_grant_scope, idem_revoke_scope, idem_grant_group,
+--   idem_revoke_group and the table idempotency.scope_grants (empty: nothing changes until the first grant).
+-- * idem_reset_offset takes generation => n, which replaces the stored generation.
+-- Nothing stored changes. Run by ALTER EXTENSION idempotency UPDATE, after PostgreSQL was restarted on the
+-- 0.6.0 library. Like the install script, this one qualifies what it calls: it runs with the extension's
+-- schema on the search path.
+
+CREATE FUNCTION idempotency.partition_range(part oid)
+RETURNS TABLE (range_from timestamp with time zone, range_to timestamp with time zone)
+STRICT STABLE PARALLEL SAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'partition_range_wrapper';
+REVOKE ALL ON FUNCTION idempotency.partition_range(oid) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION idempotency.partition_range(oid) TO idempotency_admin, pg_monitor;
+COMMENT ON FUNCTION idempotency.partition_range(oid) IS
+'The range [range_from, range_to) of a partition of idempotency.records as its catalog entry holds it (no row for a default partition or another relation); what idempotency.partitions shows, unmoved by DateStyle or TimeZone.';
+
+CREATE OR REPLACE VIEW idempotency.partitions AS
+SELECT c.oid::pg_catalog.regclass                             AS partition,
+       b.range_from,
+       b.range_to,
+       GREATEST(c.reltuples, 0::pg_catalog.float4)::pg_catalog.int8 AS row_estimate,
+       pg_catalog.pg_total_relation_size(c.oid)               AS total_bytes,
+       pg_catalog.pg_size_pretty(pg_catalog.pg_total_relation_size(c.oid)) AS size,
+       b.range_to OPERATOR(pg_catalog.+)
+         pg_catalog.current_setting('idempotency.retention', true)::pg_catalog.interval AS dropped_after,
+       s.sealed_at,
+       s.blocks OPERATOR(pg_catalog.*) 32                     AS filter_bytes
+  FROM pg_catalog.pg_inherits i
+  JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) i.inhrelid
+  LEFT JOIN idempotency.sealed s
+         ON s.partition OPERATOR(pg_catalog.=) c.oid AND s.partition_name OPERATOR(pg_catalog.=) c.relname
+  LEFT JOIN LATERAL idempotency.partition_range(c.oid) b ON true
+ WHERE i.inhparent OPERATOR(pg_catalog.=) 'idempotency.records'::pg_catalog.regclass::pg_catalog.oid
+ ORDER BY b.range_from NULLS LAST;
+
+CREATE OR REPLACE VIEW idempotency.stats AS
+SELECT s.scope,
+       s.counts[1]  AS claims,
+       s.counts[2]  AS claimed_new,
+       s.counts[3]  AS takeovers,
+       s.counts[4]  AS retries,
+       s.counts[5]  AS answered_completed,
+       s.counts[6]  AS answered_in_progress,
+       s.counts[7]  AS answered_failed,
+       s.counts[8]  AS answered_mismatch,
+       s.counts[9]  AS poisoned,
+       s.counts[10] AS dead_lettered,
+       s.counts[11] AS stale_refused,
+       s.counts[12] AS serialization_failures,
+       s.counts[13] AS lock_waits,
+       s.counts[14]::pg_catalog.float8 OPERATOR(pg_catalog./) 1000.0::pg_catalog.float8 AS lock_wait_ms,
+       s.counts[15] AS completes,
+       s.counts[16] AS fails,
+       s.counts[17] AS heartbeats,
+       s.stats_reset
+  FROM idempotency.scope_stats() s;
+
+REVOKE SELECT ON idempotency.in_flight, idempotency.dead_letters FROM pg_monitor;
+
+CREATE OR REPLACE FUNCTION idem_move_records(shard_id bigint, source_node_name text, source_node_port integer,
+                                  target_node_name text, target_node_port integer) RETURNS bigint
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    local_group integer;
+    rel regclass;
+    lo integer;
+    hi integer;
+    shard_colocation integer;
+    func_colocation integer;
+    on_target boolean;
+    ok boolean;
+    res text;
+    doc text;
+    moved bigint;
+    range_filter text;
+BEGIN
+    IF shard_id IS NULL OR source_node_name IS NULL OR source_node_port IS NULL
+       OR target_node_name IS NULL OR target_node_port IS NULL THEN
+        RAISE EXCEPTION 'idem_move_records: no argument may be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_extension WHERE extname = 'citus') THEN
+        RAISE EXCEPTION 'idem_move_records needs Citus: the extension citus is not installed in this database'
+            USING ERRCODE = 'object_not_in_prerequisite_state';
+    END IF;
+    EXECUTE 'SELECT groupid FROM pg_catalog.pg_dist_local_group' INTO local_group;
+    IF local_group IS DISTINCT FROM 0 THEN
+        RAISE EXCEPTION 'idem_move_records must run on the Citus coordinator' USING ERRCODE = 'object_not_in_prerequisite_state';
+    END IF;
+    EXECUTE 'SELECT s.logicalrelid, s.shardminvalue::integer, s.shardmaxvalue::integer, p.colocationid
+               FROM pg_catalog.pg_dist_shard s JOIN pg_catalog.pg_dist_partition p USING (logicalrelid)
+              WHERE s.shardid = $1 AND p.partmethod = ''h'''
+       INTO rel, lo, hi, shard_colocation USING shard_id;
+    IF rel IS NULL THEN
+        RAISE EXCEPTION 'shard % is not a shard of a hash-distributed table', shard_id USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    EXECUTE 'SELECT o.colocationid FROM pg_catalog.pg_dist_object o JOIN pg_catalog.pg_proc f ON f.oid = o.objid
+              WHERE o.classid = ''pg_catalog.pg_proc''::regclass AND f.proname = ''idem_once''' INTO func_colocation;
+    IF func_colocation IS DISTINCT FROM shard_colocation THEN
+        RAISE EXCEPTION 'shard % of % is not in the colocation group the idempotency functions are delegated with', shard_id, rel
+            USING ERRCODE = 'object_not_in_prerequisite_state', HINT = 'See idem_distribute.';
+    END IF;
+    EXECUTE 'SELECT EXISTS (SELECT FROM pg_catalog.pg_dist_placement p JOIN pg_catalog.pg_dist_node n USING (groupid)
+                             WHERE p.shardid = $1 AND n.nodename = $2 AND n.nodeport = $3)'
+       INTO on_target USING shard_id, target_node_name, target_node_port;
+    IF NOT on_target THEN
+        RAISE EXCEPTION 'shard % is not placed on %:% : move it first (citus_move_shard_placement)', shard_id,
+                        target_node_name, target_node_port USING ERRCODE = 'object_not_in_prerequisite_state';
+    END IF;
+
+    -- Every statement sent to a worker runs there as the caller under that database's search_path, which
+    -- a role with CREATE on one of its schemas could fill with lookalikes: every function, type and
+    -- operator in them is qualified.
+    range_filter := pg_catalog.format(
+        'pg_catalog.worker_hash(r.scope) OPERATOR(pg_catalog.>=) %s AND pg_catalog.worker_hash(r.scope) OPERATOR(pg_catalog.<=) %s',
+        lo, hi);
+    EXECUTE 'SELECT success, result FROM pg_catalog.master_run_on_worker(ARRAY[$1], ARRAY[$2], ARRAY[$3], false)'
+       INTO ok, doc USING source_node_name, source_node_port,
+            'SELECT COALESCE(pg_catalog.json_agg(r), ''[]''::pg_catalog.json) FROM idempotency.records r WHERE '
+            || range_filter;
+    IF NOT ok THEN
+        RAISE EXCEPTION 'reading the records on %:% failed: %', source_node_name, source_node_port, doc
+            USING ERRCODE = 'connection_failure';
+    END IF;
+    moved := pg_catalog.json_array_length(doc::json);
+    IF moved = 0 THEN
+        RETURN 0;
+    END IF;
+    EXECUTE 'SELECT success, result FROM pg_catalog.master_run_on_worker(ARRAY[$1], ARRAY[$2], ARRAY[$3], false)'
+       INTO ok, res USING target_node_name, target_node_port, pg_catalog.format($cmd$
+        WITH j AS (SELECT * FROM pg_catalog.json_populate_recordset(NULL::idempotency.records, %L::pg_catalog.json)),
+             parts AS (SELECT idempotency.premake_partitions(t)
+                         FROM (SELECT DISTINCT pg_catalog.date_trunc('hour'::pg_catalog.text,
+                                        GREATEST(j.created_at, (SELECT pg_catalog.max(s.range_to) FROM idempotency.sealed s))) t
+                                 FROM j) d)
+        SELECT pg_catalog.count(*) FROM parts$cmd$, doc);
+    IF NOT ok THEN
+        RAISE EXCEPTION 'preparing %:% failed: %', target_node_name, target_node_port, res USING ERRCODE = 'connection_failure';
+    END IF;
+    EXECUTE 'SELECT success, result FROM pg_catalog.master_run_on_worker(ARRAY[$1], ARRAY[$2], ARRAY[$3], false)'
+       INTO ok, res USING target_node_name, target_node_port,
+            pg_catalog.format('SELECT idempotency.adopt_records(%L::pg_catalog.json)', doc);
+    IF NOT ok THEN
+        RAISE EXCEPTION 'writing the records on %:% failed: %', target_node_name, target_node_port, res
+            USING ERRCODE = 'connection_failure';
+    END IF;
+    EXECUTE 'SELECT success, result FROM pg_catalog.master_run_on_worker(ARRAY[$1], ARRAY[$2], ARRAY[$3], false)'
+       INTO ok, res USING source_node_name, source_node_port, pg_catalog.format($cmd$
+        DELETE FROM idempotency.records r
+         USING pg_catalog.json_populate_recordset(NULL::idempotency.records, %L::pg_catalog.json) j
+         WHERE r.scope OPERATOR(pg_catalog.=) j.scope AND r.key OPERATOR(pg_catalog.=) j.key$cmd$, doc);
+    IF NOT ok THEN
+        RAISE EXCEPTION 'deleting the copied records on %:% failed: %', source_node_name, source_node_port, res
+            USING ERRCODE = 'connection_failure', HINT = 'They are on the target already; call idem_move_records again.';
+    END IF;
+    RETURN moved;
+END
+$$;
+
+DROP FUNCTION idem_reset_offset(text, text, integer, bigint);
+CREATE FUNCTION idem_reset_offset(consumer_group text, topic text, partition integer, next_offset bigint,
+                                  generation bigint DEFAULT NULL)
+RETURNS void
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'idem_reset_offset_wrapper';
+REVOKE ALL ON FUNCTION idem_reset_offset(text, text, integer, bigint, bigint) FROM PUBLIC;
+COMMENT ON FUNCTION idem_reset_offset(text, text, integer, bigint, bigint) IS
+'Sets the next offset of (consumer_group, topic, partition), backwards or forwards, and, when generation is given, the stored generation (lower or higher: a zombie''s huge generation is undone here). For DBAs; not granted to idempotency_consumer.';
+
+CREATE FUNCTION idempotency.scope_grants_changed() RETURNS trigger
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'scope_grants_changed_wrapper';
+
+CREATE TABLE idempotency.scope_grants (
+    role       regrole NOT NULL,
+    kind       text NOT NULL CHECK (kind IN ('scope', 'group')),
+    pattern    text COLLATE "C" NOT NULL CHECK (pattern <> ''),
+    granted_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    PRIMARY KEY (role, kind, pattern)
+);
+COMMENT ON TABLE idempotency.scope_grants IS
+'Which roles may call with which scopes and consumer groups (idem_grant_scope, idem_grant_group). Enforced once a kind has a grant, or always with idempotency.require_scope_grants.';
+-- Every change, by the functions below or by hand, tells every backend to read the grants again.
+CREATE TRIGGER scope_grants_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON idempotency.scope_grants
+    FOR EACH STATEMENT EXECUTE FUNCTION idempotency.scope_grants_changed();
+SELECT pg_catalog.pg_extension_config_dump('idempotency.scope_grants', '');
+
+CREATE FUNCTION idempotency.grant_pattern(grantee regrole, kind text, pattern text, revoke boolean)
+RETURNS boolean LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    done boolean;
+BEGIN
+    IF grantee IS NULL OR pattern IS NULL THEN
+        RAISE EXCEPTION 'idempotency: role and % must not be NULL', kind USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF pattern = '' THEN
+        RAISE EXCEPTION 'idempotency: % must not be empty', kind
+            USING ERRCODE = 'invalid_parameter_value', HINT = 'Grant ''*'' for every name.';
+    END IF;
+    IF revoke THEN
+        DELETE FROM idempotency.scope_grants g WHERE g.role = grantee AND g.kind = grant_pattern.kind
+                                                 AND g.pattern = grant_pattern.pattern;
+    ELSE
+        INSERT INTO idempotency.scope_grants (role, kind, pattern) VALUES (grantee, grant_pattern.kind, grant_pattern.pattern)
+            ON CONFLICT DO NOTHING;
+    END IF;
+    GET DIAGNOSTICS done = ROW_COUNT;
+    RETURN done;
+END
+$$;
+COMMENT ON FUNCTION idempotency.grant_pattern(regrole, text, text, boolean) IS
+'What idem_grant_scope, idem_revoke_scope, idem_grant_group and idem_revoke_group do.';
+
+CREATE FUNCTION idem_grant_scope(role regrole, scope text) RETURNS boolean
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$ SELECT idempotency.grant_pattern(role, 'scope', scope, false) $$;
+CREATE FUNCTION idem_revoke_scope(role regrole, scope text) RETURNS boolean
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$ SELECT idempotency.grant_pattern(role, 'scope', scope, true) $$;
+CREATE FUNCTION idem_grant_group(role regrole, consumer_group text) RETURNS boolean
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$ SELECT idempotency.grant_pattern(role, 'group', consumer_group, false) $$;
+CREATE FUNCTION idem_revoke_group(role regrole, consumer_group text) RETURNS boolean
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$ SELECT idempotency.grant_pattern(role, 'group', consumer_group, true) $$;
+
+REVOKE ALL ON FUNCTION idempotency.scope_grants_changed(), idempotency.grant_pattern(regrole, text, text, boolean),
+    idem_grant_scope(regrole, text), idem_revoke_scope(regrole, text), idem_grant_group(regrole, text),
+    idem_revoke_group(regrole, text) FROM PUBLIC;
+-- Scope and consumer-group grants (sql/grants.sql): idempotency_admin fences consumers by scope.
+GRANT SELECT ON idempotency.scope_grants TO idempotency_admin;
+GRANT EXECUTE ON FUNCTION
+    idem_grant_scope(regrole, text),
+    idem_revoke_scope(regrole, text),
+    idem_grant_group(regrole, text),
+    idem_revoke_group(regrole, text)
+TO idempotency_admin;
+COMMENT ON FUNCTION idem_grant_scope(regrole, text) IS
+'Lets members of role call with scope (a name, or a prefix followed by *). Once any scope is granted, a consumer without a grant gets 42501 from every call with a scope (idempotency.require_scope_grants enforces it before the first grant). True when the grant is new. For idempotency_admin.';
+COMMENT ON FUNCTION idem_revoke_scope(regrole, text) IS
+'Takes back a grant of idem_grant_scope (the same role and pattern); true when there was one. For idempotency_admin.';
+COMMENT ON FUNCTION idem_grant_group(regrole, text) IS
+'Lets members of role record and read the offsets of consumer_group (a name, or a prefix followed by *). Once any group is granted, a consumer without a grant gets 42501 from the offset calls of other groups. True when the grant is new. For idempotency_admin.';
+COMMENT ON FUNCTION idem_revoke_group(regrole, text) IS
+'Takes back a grant of idem_grant_group (the same role and pattern); true when there was one. For idempotency_admin.';
+COMMENT ON FUNCTION idempotency.scope_grants_changed() IS
+'Statement trigger of idempotency.scope_grants: every backend reads the grants again after the change commits.';

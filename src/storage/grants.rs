@@ -1,0 +1,198 @@
+//! Scope and consumer-group grants: which roles may call with which scope or group.
+//!
+//! Off until the first grant of a kind exists (or `idempotency.require_scope_grants` is on): without
+//! grants every consumer is trusted with every scope, as before 0.6.0. Once on, a caller that is not a
+//! superuser must hold (through role membership) a grant whose pattern matches the name: the name itself,
+//! or a prefix followed by `*`.
+//!
+//! The grants live in `idempotency.scope_grants`. Each backend reads them once and keeps them until that
+//! table's relcache entry is invalidated, which a statement trigger on the table sends at every change
+//! ([`forget`]); role membership changes clear the per-role answers ([`init`]). A call then costs one
+//! hash lookup, or nothing while no grant exists.
+use super::catalog::Invalidated;
+use super::spi::{Conn, Snap, Stmt};
+use crate::gucs;
+use pgrx::pg_sys;
+use std::cell::RefCell;
+use std::collections::HashMap;
+
+/// What a grant names.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum Kind {
+    Scope,
+    Group,
+}
+
+impl Kind {
+    pub fn noun(self) -> &'static str {
+        match self {
+            Kind::Scope => "scope",
+            Kind::Group => "consumer group",
+        }
+    }
+}
+
+/// A grant's pattern: a whole name, or a prefix (written with a trailing `*`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Pattern {
+    Exact(String),
+    Prefix(String),
+}
+
+impl Pattern {
+    pub fn parse(text: &str) -> Pattern {
+        match text.strip_suffix('*') {
+            Some(prefix) => Pattern::Prefix(prefix.to_string()),
+            None => Pattern::Exact(text.to_string()),
+        }
+    }
+
+    pub fn matches(&self, name: &str) -> bool {
+        match self {
+            Pattern::Exact(n) => n == name,
+            Pattern::Prefix(p) => name.starts_with(p.as_str()),
+        }
+    }
+}
+
+/// The grants of one database as this backend last read them, and the answers given since.
+#[derive(Default)]
+struct Known {
+    grants: Vec<(pg_sys::Oid, Kind, Pattern)>,
+    answers: HashMap<(pg_sys::Oid, Kind), HashMap<String, bool>>,
+}
+
+thread_local! {
+    static KNOWN: RefCell<Option<Known>> = const { RefCell::new(None) };
+    static TABLE: std::cell::Cell<pg_sys::Oid> = const { std::cell::Cell::new(pg_sys::InvalidOid) };
+}
+
+static LOAD: Stmt = Stmt {
+    sql: "SELECT role::oid, kind, pattern FROM idempotency.scope_grants",
+    args: &[],
+};
+
+/// Registers the callbacks that forget answers when role memberships change. Once per process.
+pub fn init() {
+    // SAFETY: registers a `#[pg_guard]`ed function with PostgreSQL's syscache callback table of this
+    // process, for two syscaches that exist in every supported version.
+    unsafe {
+        for cache in [pg_sys::SysCacheIdentifier::AUTHMEMROLEMEM, pg_sys::SysCacheIdentifier::AUTHOID] {
+            pg_sys::CacheRegisterSyscacheCallback(cache as i32, Some(roles_changed), pg_sys::Datum::from(0usize));
+        }
+    }
+}
+
+/// # Safety
+/// Called by PostgreSQL's invalidation processing only.
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn roles_changed(_arg: pg_sys::Datum, _cache: i32, _hash: u32) {
+    KNOWN.with_borrow_mut(|k| {
+        if let Some(known) = k {
+            known.answers.clear();
+        }
+    });
+}
+
+/// Forgets the grants when `idempotency.scope_grants` (or every relation) was invalidated. Called by
+/// the catalog's relcache callback.
+pub fn forget(what: Invalidated) {
+    let table = TABLE.with(|t| t.get());
+    let hit = match what {
+        Invalidated::RecordTable => true,
+        Invalidated::Relation(relid) => relid == table,
+    };
+    if hit {
+        KNOWN.with_borrow_mut(|k| *k = None);
+        TABLE.with(|t| t.set(pg_sys::InvalidOid));
+    }
+}
+
+/// Tells every backend to read the grants again, at this transaction's commit: what the table's
+/// trigger calls after each statement that changed it.
+pub fn changed() {
+    let table = table_oid();
+    if table != pg_sys::InvalidOid {
+        // SAFETY: queues a relcache invalidation of an existing relation for the end of this transaction.
+        unsafe { pg_sys::CacheInvalidateRelcacheByRelid(table) };
+    }
+}
+
+/// The grants table's oid; InvalidOid on a schema that predates it (before ALTER EXTENSION UPDATE).
+fn table_oid() -> pg_sys::Oid {
+    let cached = TABLE.with(|t| t.get());
+    if cached != pg_sys::InvalidOid {
+        return cached;
+    }
+    // SAFETY: catalog lookups by name; a missing schema is an ERROR as for every other storage call.
+    let oid = unsafe {
+        let schema = pg_sys::get_namespace_oid(c"idempotency".as_ptr(), false);
+        pg_sys::get_relname_relid(c"scope_grants".as_ptr(), schema)
+    };
+    TABLE.with(|t| t.set(oid));
+    oid
+}
+
+fn load() -> Known {
+    let mut known = Known::default();
+    if table_oid() == pg_sys::InvalidOid {
+        return known;
+    }
+    let conn = Conn::open();
+    let rows = conn.run(&LOAD, &[], Snap::Latest);
+    for i in 0..rows.len() {
+        let role = rows.get::<pg_sys::Oid>(i, 1).expect("role");
+        let kind = match rows.get::<String>(i, 2).as_deref() {
+            Some("scope") => Kind::Scope,
+            _ => Kind::Group,
+        };
+        let pattern = Pattern::parse(&rows.get::<String>(i, 3).expect("pattern"));
+        known.grants.push((role, kind, pattern));
+    }
+    known
+}
+
+/// Whether the current user may call with `name` as a scope or group. True while grants of that kind
+/// are off; always true for superusers.
+pub fn allowed(kind: Kind, name: &str) -> bool {
+    let loaded = KNOWN.with_borrow(|k| k.is_some());
+    if !loaded {
+        let known = load();
+        KNOWN.with_borrow_mut(|k| *k = Some(known));
+    }
+    // SAFETY: reads the current user id, set for the whole call.
+    let user = unsafe { pg_sys::GetUserId() };
+    KNOWN.with_borrow_mut(|k| {
+        let known = k.as_mut().expect("loaded above");
+        let enforced = gucs::require_scope_grants() || known.grants.iter().any(|(_, k, _)| *k == kind);
+        if !enforced {
+            return true;
+        }
+        let answers = known.answers.entry((user, kind)).or_default();
+        if let Some(&answer) = answers.get(name) {
+            return answer;
+        }
+        // SAFETY: role lookups of the current user and of grant roles, through PostgreSQL's own caches;
+        // a grant whose role was dropped is never held (has_privs_of_role answers false).
+        let answer = unsafe { pg_sys::superuser() }
+            || known.grants.iter().any(|(role, k, pattern)| {
+                *k == kind && pattern.matches(name) && unsafe { pg_sys::has_privs_of_role(user, *role) }
+            });
+        answers.insert(name.to_string(), answer);
+        answer
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Pattern;
+
+    #[test]
+    fn patterns_match_whole_names_or_prefixes() {
+        assert!(Pattern::parse("orders").matches("orders"));
+        assert!(!Pattern::parse("orders").matches("orders-2"));
+        assert!(Pattern::parse("tenant-7/*").matches("tenant-7/orders"));
+        assert!(!Pattern::parse("tenant-7/*").matches("tenant-70/orders"));
+        assert!(Pattern::parse("*").matches("anything"));
+    }
+}
