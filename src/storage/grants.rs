@@ -172,15 +172,22 @@ pub fn allowed(kind: Kind, name: &str) -> bool {
         if let Some(&answer) = answers.get(name) {
             return answer;
         }
-        // SAFETY: role lookups of the current user and of grant roles, through PostgreSQL's own caches;
-        // a grant whose role was dropped is never held (has_privs_of_role answers false).
-        let answer = unsafe { pg_sys::superuser() }
-            || known.grants.iter().any(|(role, k, pattern)| {
-                *k == kind && pattern.matches(name) && unsafe { pg_sys::has_privs_of_role(user, *role) }
-            });
+        let answer = is_superuser()
+            || known.grants.iter().any(|(role, k, pattern)| *k == kind && pattern.matches(name) && member_of(user, *role));
         answers.insert(name.to_string(), answer);
         answer
     })
+}
+
+fn is_superuser() -> bool {
+    // SAFETY: a lookup of the current user in PostgreSQL's role cache.
+    unsafe { pg_sys::superuser() }
+}
+
+/// Whether `user` has the privileges of `role` (a grant whose role was dropped is never held).
+fn member_of(user: pg_sys::Oid, role: pg_sys::Oid) -> bool {
+    // SAFETY: a lookup in PostgreSQL's role membership cache; unknown roles answer false.
+    unsafe { pg_sys::has_privs_of_role(user, role) }
 }
 
 #[cfg(test)]

@@ -522,3 +522,27 @@ def test_reclaim_is_bounded_per_round(cluster):
         rounds = [c.execute("SELECT leases_reclaimed FROM idem_maintenance(now() + interval '2 hours')").fetchone()[0]
                   for _ in range(4)]
     assert rounds == [1000, 1000, 500, 0], rounds
+
+
+def test_on_demand_partition_does_not_lock_out_readers(cluster):
+    """A consumer whose claim makes the partitions (none premade) and whose transaction then stays open
+    holds no ACCESS EXCLUSIVE lock on idempotency.records: monitoring and pg_dump, which read the record
+    table, go on (0.5.0: CREATE TABLE ... PARTITION OF held it until the consumer committed)."""
+    db = "hostile_ondemand"
+    _owner_db(cluster, db)
+    with cluster.connect(db) as c:
+        c.execute("CREATE EXTENSION idempotency")
+        c.execute(f"GRANT idempotency_consumer TO {CONSUMER}")
+    with cluster.connect(db, user=CONSUMER) as holder, cluster.connect(db) as reader:
+        holder.execute("BEGIN")
+        assert holder.execute("SELECT idem_once('first')").fetchone()[0] is True
+        pid = holder.execute("SELECT pg_catalog.pg_backend_pid()").fetchone()[0]
+        modes = {r[0] for r in reader.execute(
+            "SELECT mode FROM pg_catalog.pg_locks WHERE pid = %s AND granted "
+            "AND relation = 'idempotency.records'::pg_catalog.regclass::oid", (pid,)).fetchall()}
+        reader.execute("SET lock_timeout = '2s'")
+        state = _sqlstate(reader, "SELECT pg_catalog.count(*) FROM idempotency.records")
+        metrics = _sqlstate(reader, "SELECT * FROM idem_metrics()")
+        holder.execute("COMMIT")
+    assert "AccessExclusiveLock" not in modes, f"the consumer holds {sorted(modes)} on idempotency.records"
+    assert state == "ok" and metrics == "ok", (state, metrics)
