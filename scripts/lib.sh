@@ -40,10 +40,10 @@ export PATH="$HOME/.cargo/bin:$PATH"
 
 log() { printf '==> %s\n' "$*" >&2; }
 
-# What the build and the tests need from Debian (scripts/install-deps installs them, scripts/test checks
-# them), and what only the benchmarks need.
-TEST_DEB_PACKAGES=(postgresql-15 postgresql-server-dev-15 postgresql-15-partman libclang-dev clang pkg-config sudo
-                   python3-venv)
+# What the build and the demo need from Debian (scripts/install-deps demo), what the tests need on top
+# (scripts/install-deps test; scripts/test checks them), and what only the benchmarks need.
+DEMO_DEB_PACKAGES=(postgresql-15 postgresql-server-dev-15 libclang-dev clang pkg-config sudo python3-venv)
+TEST_DEB_PACKAGES=("${DEMO_DEB_PACKAGES[@]}" postgresql-15-partman)
 BENCH_DEB_PACKAGES=(redis-server)
 # What tests/monitoring/run needs (scripts/install-monitoring-deps installs them with their services stopped
 # and disabled): promtool, and the two exporters monitoring/ has configurations for.
@@ -60,12 +60,22 @@ require_venv() {
   fi
   echo "missing: the project's Python venv $ROOT/.venv with $mods" >&2
   if [ -x "$ROOT/.venv/bin/python" ]; then
-    echo "  install with: $ROOT/.venv/bin/pip install -r $ROOT/tests/requirements.txt   (or scripts/install-deps)" >&2
+    echo "  install with: $ROOT/.venv/bin/pip install -r $ROOT/tests/requirements.txt   (or scripts/install-deps demo)" >&2
   else
-    echo "  install with: scripts/install-deps" >&2
+    echo "  install with: scripts/install-deps demo" >&2
   fi
   return 2
 }
 
 # Run a command as the postgres OS user (initdb refuses root).
 as_postgres() { if [ "$(id -un)" = postgres ]; then "$@"; else sudo -u postgres -H "$@"; fi; }
+
+# The Citus source tests/citus builds from: CITUS_SOURCE, else ../shared/citus beside the repository (a
+# directory with Citus' tarball and its `build` script). Empty when neither is there.
+citus_source() {
+  local dir
+  for dir in "${CITUS_SOURCE:-}" "$ROOT/../shared/citus"; do
+    [ -n "$dir" ] && [ -x "$dir/build" ] && { (cd "$dir" && pwd); return 0; }
+  done
+  return 0
+}

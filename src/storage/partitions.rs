@@ -53,10 +53,13 @@ impl Coverage {
 }
 
 /// Slots from `$1`'s slot to `$3` intervals ahead that no existing partition overlaps, each as
-/// the DDL that creates it and its indexes. The bounds are written as UTC ISO text, which reads back
-/// as the same instant under any `DateStyle` and `TimeZone` (the DDL also runs with them pinned). `$2` is the partition interval. The record table has
-/// no index of its own (a partitioned index would make every restored partition's index collide
-/// with the one `ATTACH PARTITION` makes), so each partition gets its own.
+/// the DDL that creates it and its indexes, then attaches it. Attaching takes SHARE UPDATE EXCLUSIVE on
+/// the record table where `CREATE TABLE ... PARTITION OF` takes ACCESS EXCLUSIVE: a consumer whose claim
+/// makes the partition then holds nothing until its commit that keeps monitoring or pg_dump from reading
+/// the record table. The bounds are written as UTC ISO text, which reads back as the same instant under
+/// any `DateStyle` and `TimeZone` (the DDL also runs with them pinned). `$2` is the partition interval.
+/// The record table has no index of its own (a partitioned index would make every restored partition's
+/// index collide with the one `ATTACH PARTITION` makes), so each partition gets its own.
 static MISSING_PARTITIONS: Stmt = Stmt {
     sql: r#"
 WITH slots AS (
@@ -65,13 +68,14 @@ WITH slots AS (
                                   CASE WHEN $2 >= interval '1 day' THEN 'YYYY_MM_DD' ELSE 'YYYY_MM_DD_HH24MI' END) AS name
       FROM generate_series(date_bin($2, $1, timestamptz '2000-01-01 00:00:00+00'), $1 + $2 * $3, $2) AS s
 )
-SELECT format('CREATE TABLE IF NOT EXISTS idempotency.%I PARTITION OF idempotency.records FOR VALUES FROM (%L) TO (%L)',
-              s.name, to_char(s.lo AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US') || '+00',
-              to_char(s.hi AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US') || '+00')
+SELECT format('CREATE TABLE idempotency.%I (LIKE idempotency.records INCLUDING DEFAULTS INCLUDING STORAGE)', s.name)
        -- Between the restart on a new build and ALTER EXTENSION UPDATE, the 0.1.0 schema has no
-       -- index_partition: its partitioned indexes give the new partition its indexes.
+       -- index_partition: its partitioned indexes give the new partition its indexes when it is attached.
        || CASE WHEN to_regprocedure('idempotency.index_partition(regclass)') IS NULL THEN ''
                ELSE format('; SELECT idempotency.index_partition(%L)', 'idempotency.' || quote_ident(s.name)) END
+       || format('; ALTER TABLE idempotency.records ATTACH PARTITION idempotency.%I FOR VALUES FROM (%L) TO (%L)',
+                 s.name, to_char(s.lo AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US') || '+00',
+                 to_char(s.hi AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US') || '+00')
   FROM slots s
  WHERE NOT EXISTS (SELECT 1 FROM idempotency.partitions p WHERE p.range_from < s.hi AND p.range_to > s.lo)
  ORDER BY s.lo"#,

@@ -181,7 +181,7 @@ FUNCS = {
     "idem_record_offset": (["consumer_group:ident:text", "topic:ident:text", "partition:part:integer", "processed_offset:offset:bigint", "generation:gen:bigint"], True, True),
     "idem_next_offset": (["consumer_group:ident:text", "topic:ident:text", "partition:part:integer"], False, True),
     "idem_offsets": (["consumer_group:ident:text", "topic:identopt:text"], False, True),
-    "idem_reset_offset": (["consumer_group:ident:text", "topic:ident:text", "partition:part:integer", "next_offset:reset:bigint"], True, False),
+    "idem_reset_offset": (["consumer_group:ident:text", "topic:ident:text", "partition:part:integer", "next_offset:reset:bigint", "generation:gen:bigint"], True, False),
     "idem_maintenance": (["as_of:asof:timestamptz"], True, False),
     "idempotency.premake_partitions": (["as_of:asof:timestamptz"], True, False),
     "idem_partman_handover": ([], True, False),
@@ -227,7 +227,7 @@ class Builder:
         if fn == "idem_offsets":
             return {"consumer_group": "bi-g", "topic": None}, []
         if fn == "idem_reset_offset":
-            return {"consumer_group": "bi-g", "topic": "bi-t", "partition": 0, "next_offset": 7}, []
+            return {"consumer_group": "bi-g", "topic": "bi-t", "partition": 0, "next_offset": 7, "generation": 5}, []
         if fn in ("idem_maintenance", "idempotency.premake_partitions"):
             return {"as_of": Raw("now()")}, []
         return {}, []
@@ -448,8 +448,16 @@ class Builder:
     def _kind_gen(self, fn, base, pre, name):
         self.add(fn, f"{name}: minus one", self._with(base, name, -1), "22023", pre)
         self.add(fn, f"{name}: smallest bigint", self._with(base, name, -(2**63)), "22023", pre)
-        self.add(fn, f"{name}: older than the stored generation", self._with(base, name, 4), "55006", pre)
-        self.add(fn, f"{name}: zero (older)", self._with(base, name, 0), "55006", pre)
+        if fn == "idem_reset_offset":
+            # The DBA's reset replaces the stored generation, lower ones included (a zombie's huge one).
+            check = [("SELECT generation FROM idempotency.offsets WHERE consumer_group = 'bi-g' AND topic = 'bi-t' "
+                      "AND partition = 0", [], (4,))]
+            self.add(fn, f"{name}: older than the stored generation (valid, replaces it)", self._with(base, name, 4), OK,
+                     pre, check)
+            self.add(fn, f"{name}: zero (valid)", self._with(base, name, 0), OK, pre)
+        else:
+            self.add(fn, f"{name}: older than the stored generation", self._with(base, name, 4), "55006", pre)
+            self.add(fn, f"{name}: zero (older)", self._with(base, name, 0), "55006", pre)
         self.add(fn, f"{name}: NULL (valid)", self._with(base, name, None), OK, pre)
         self.add(fn, f"{name}: largest bigint (valid)", self._with(base, name, 2**63 - 1), OK, pre)
 
