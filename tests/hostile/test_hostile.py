@@ -546,3 +546,26 @@ def test_on_demand_partition_does_not_lock_out_readers(cluster):
         holder.execute("COMMIT")
     assert "AccessExclusiveLock" not in modes, f"the consumer holds {sorted(modes)} on idempotency.records"
     assert state == "ok" and metrics == "ok", (state, metrics)
+
+
+def test_filter_chunks_with_an_extra_column(cluster):
+    """A DBA adds a column to idempotency.filter_chunks. Claims that read a sealed partition's filter
+    from shared buffers must not deform its rows into arrays sized for three columns (0.5.0 wrote past
+    them); they probe the index instead, and every sealed key is still a duplicate."""
+    db = "hostile_chunks"
+    _owner_db(cluster, db)
+    with cluster.connect(db) as c:
+        c.execute("CREATE EXTENSION idempotency")
+        c.execute("SELECT FROM idem_maintenance()")
+        c.execute("SELECT count(*) FROM idem_once_batch(ARRAY(SELECT 'sealed-' || g FROM generate_series(1, 500) g))")
+        present = c.execute("SELECT partition::oid FROM idempotency.partitions "
+                            "WHERE range_from <= now() AND range_to > now()").fetchone()[0]
+        assert c.execute("SELECT idempotency.seal_partition(%s)", (present,)).fetchone()[0] is True
+        assert c.execute("SELECT blocks > 0 FROM idempotency.sealed WHERE partition = %s", (present,)).fetchone()[0]
+        c.execute("ALTER TABLE idempotency.filter_chunks ADD COLUMN note text DEFAULT 'x'")
+    with cluster.connect(db) as c:
+        c.execute("SET idempotency.filter_cache = 0")  # read the chunk rows in place
+        renewed = c.execute("SELECT count(*) FROM idem_once_batch(ARRAY(SELECT 'sealed-' || g "
+                            "FROM generate_series(1, 500) g))").fetchone()[0]
+        assert renewed == 0, f"{renewed} sealed keys answered as new"
+        assert c.execute("SELECT idem_once('sealed-1')").fetchone()[0] is False
