@@ -67,6 +67,9 @@ thread_local! {
     static TABLE: std::cell::Cell<pg_sys::Oid> = const { std::cell::Cell::new(pg_sys::InvalidOid) };
 }
 
+/// Answers kept per role and kind before they are forgotten and worked out again.
+const MAX_ANSWERS: usize = 10_000;
+
 static LOAD: Stmt = Stmt {
     sql: "SELECT role::oid, kind, pattern FROM idempotency.scope_grants",
     args: &[],
@@ -171,6 +174,10 @@ pub fn allowed(kind: Kind, name: &str) -> bool {
         let answers = known.answers.entry((user, kind)).or_default();
         if let Some(&answer) = answers.get(name) {
             return answer;
+        }
+        // Scopes can be many (one per tenant, per order...): the answers kept are bounded.
+        if answers.len() >= MAX_ANSWERS {
+            answers.clear();
         }
         let answer = is_superuser()
             || known.grants.iter().any(|(role, k, pattern)| *k == kind && pattern.matches(name) && member_of(user, *role));
