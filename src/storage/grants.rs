@@ -165,25 +165,38 @@ pub fn allowed(kind: Kind, name: &str) -> bool {
     }
     // SAFETY: reads the current user id, set for the whole call.
     let user = unsafe { pg_sys::GetUserId() };
-    KNOWN.with_borrow_mut(|k| {
-        let known = k.as_mut().expect("loaded above");
+    // Looked at without holding the borrow across catalog lookups: a lookup may process invalidations,
+    // whose callbacks ([`forget`], `roles_changed`) borrow the same cell.
+    let (enforced, known_answer, grants) = KNOWN.with_borrow(|k| {
+        let known = k.as_ref().expect("loaded above");
         let enforced = gucs::require_scope_grants() || known.grants.iter().any(|(_, k, _)| *k == kind);
-        if !enforced {
-            return true;
+        let answer = known.answers.get(&(user, kind)).and_then(|a| a.get(name).copied());
+        let grants: Vec<(pg_sys::Oid, Pattern)> = if enforced && answer.is_none() {
+            known.grants.iter().filter(|(_, k, _)| *k == kind).map(|(r, _, p)| (*r, p.clone())).collect()
+        } else {
+            Vec::new()
+        };
+        (enforced, answer, grants)
+    });
+    if !enforced {
+        return true;
+    }
+    if let Some(answer) = known_answer {
+        return answer;
+    }
+    let answer = is_superuser() || grants.iter().any(|(role, pattern)| pattern.matches(name) && member_of(user, *role));
+    KNOWN.with_borrow_mut(|k| {
+        // Forgotten meanwhile (an invalidation): the answer is still right for this call.
+        if let Some(known) = k {
+            let answers = known.answers.entry((user, kind)).or_default();
+            // Scopes can be many (one per tenant, per order...): the answers kept are bounded.
+            if answers.len() >= MAX_ANSWERS {
+                answers.clear();
+            }
+            answers.insert(name.to_string(), answer);
         }
-        let answers = known.answers.entry((user, kind)).or_default();
-        if let Some(&answer) = answers.get(name) {
-            return answer;
-        }
-        // Scopes can be many (one per tenant, per order...): the answers kept are bounded.
-        if answers.len() >= MAX_ANSWERS {
-            answers.clear();
-        }
-        let answer = is_superuser()
-            || known.grants.iter().any(|(role, k, pattern)| *k == kind && pattern.matches(name) && member_of(user, *role));
-        answers.insert(name.to_string(), answer);
-        answer
-    })
+    });
+    answer
 }
 
 fn is_superuser() -> bool {
