@@ -82,8 +82,8 @@ COMMENT ON FUNCTION idem_partman_handover() IS
 'Registers idempotency.records with pg_partman (create_parent, retention and premake from the GUCs). Set idempotency.partition_manager = pg_partman first.';
 COMMENT ON FUNCTION idempotency.seal_partition(oid) IS
 'Seals a partition of idempotency.records (an oid: pass ''idempotency.records_p...''::regclass) now and builds its membership filter (maintenance seals past partitions by itself). Waits for the partition''s writers within lock_timeout. Sealing the partition of the present moves new keys to the next one. False if it was sealed already.';
-COMMENT ON FUNCTION idempotency.partition_range(oid) IS
-'The range [range_from, range_to) of a partition of idempotency.records as its catalog entry holds it (no row for a default partition or another relation); what idempotency.partitions shows, unmoved by DateStyle or TimeZone.';
+COMMENT ON FUNCTION idempotency.partition_range(text) IS
+'The range [range_from, range_to) of a partition bound (pg_class.relpartbound as text), read from its node tree (no row for a default partition); what idempotency.partitions shows, unmoved by DateStyle or TimeZone.';
 COMMENT ON FUNCTION idempotency.premake_partitions(timestamptz) IS
 'Creates the missing partitions of idempotency.records from as_of to idempotency.premake intervals ahead; returns how many.';
 
@@ -108,7 +108,7 @@ GRANT EXECUTE ON FUNCTION
     idempotency.scope_stats(),
     idempotency.stats_totals(),
     idempotency.maintenance_state(),
-    idempotency.partition_range(oid)
+    idempotency.partition_range(text)
 TO idempotency_admin, pg_monitor;
 -- Scope and consumer-group grants (sql/grants.sql): idempotency_admin fences consumers by scope.
 GRANT SELECT ON idempotency.scope_grants TO idempotency_admin;

@@ -1,6 +1,6 @@
 -- 0.5.0 -> 0.6.0: hostile sessions get nowhere (issue 20).
 -- * idempotency.partitions reads each partition's range from its catalog entry through the new
---   idempotency.partition_range(oid), never through text: under some DateStyle, TimeZone or zone
+--   idempotency.partition_range(text), never through text: under some DateStyle, TimeZone or zone
 --   abbreviations the text read back hours away from the bound, and a consumer's keys went to the wrong
 --   partition, where another session did not find them.
 -- * idempotency.partitions and idempotency.stats are recreated with every operator's operands of exactly its
@@ -17,15 +17,15 @@
 -- 0.6.0 library. Like the install script, this one qualifies what it calls: it runs with the extension's
 -- schema on the search path.
 
-CREATE FUNCTION idempotency.partition_range(part oid)
+CREATE FUNCTION idempotency.partition_range(bound text)
 RETURNS TABLE (range_from timestamp with time zone, range_to timestamp with time zone)
-STRICT STABLE PARALLEL SAFE
+IMMUTABLE STRICT PARALLEL SAFE
 LANGUAGE c
 AS 'MODULE_PATHNAME', 'partition_range_wrapper';
-REVOKE ALL ON FUNCTION idempotency.partition_range(oid) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION idempotency.partition_range(oid) TO idempotency_admin, pg_monitor;
-COMMENT ON FUNCTION idempotency.partition_range(oid) IS
-'The range [range_from, range_to) of a partition of idempotency.records as its catalog entry holds it (no row for a default partition or another relation); what idempotency.partitions shows, unmoved by DateStyle or TimeZone.';
+REVOKE ALL ON FUNCTION idempotency.partition_range(text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION idempotency.partition_range(text) TO idempotency_admin, pg_monitor;
+COMMENT ON FUNCTION idempotency.partition_range(text) IS
+'The range [range_from, range_to) of a partition bound (pg_class.relpartbound as text), read from its node tree (no row for a default partition); what idempotency.partitions shows, unmoved by DateStyle or TimeZone.';
 
 CREATE OR REPLACE VIEW idempotency.partitions AS
 SELECT c.oid::pg_catalog.regclass                             AS partition,
@@ -42,7 +42,7 @@ SELECT c.oid::pg_catalog.regclass                             AS partition,
   JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) i.inhrelid
   LEFT JOIN idempotency.sealed s
          ON s.partition OPERATOR(pg_catalog.=) c.oid AND s.partition_name OPERATOR(pg_catalog.=) c.relname
-  LEFT JOIN LATERAL idempotency.partition_range(c.oid) b ON true
+  LEFT JOIN LATERAL idempotency.partition_range(c.relpartbound::pg_catalog.text) b ON true
  WHERE i.inhparent OPERATOR(pg_catalog.=) 'idempotency.records'::pg_catalog.regclass::pg_catalog.oid
  ORDER BY b.range_from NULLS LAST;
 

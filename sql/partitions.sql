@@ -1,6 +1,7 @@
 -- Every partition of the record table with its range, what it holds, and when retention drops it.
 -- (pg_partman's default partition, if any, has no range.) The range comes from the partition's catalog
--- entry through idempotency.partition_range, never through text: pg_get_expr prints it under the
+-- bound (the row's own relpartbound, read in the statement's snapshot) through idempotency.partition_range,
+-- never through a timestamp's text: pg_get_expr prints it under the
 -- reader's DateStyle and TimeZone, and a zone abbreviation can read back hours away.
 -- Every operator below has operands of exactly its types, and every function is qualified, so that no
 -- object of the schema CREATE EXTENSION ran in is bound into the view (it runs as the storage's owner).
@@ -19,7 +20,7 @@ SELECT c.oid::pg_catalog.regclass                             AS partition,
   JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) i.inhrelid
   LEFT JOIN idempotency.sealed s
          ON s.partition OPERATOR(pg_catalog.=) c.oid AND s.partition_name OPERATOR(pg_catalog.=) c.relname
-  LEFT JOIN LATERAL idempotency.partition_range(c.oid) b ON true
+  LEFT JOIN LATERAL idempotency.partition_range(c.relpartbound::pg_catalog.text) b ON true
  WHERE i.inhparent OPERATOR(pg_catalog.=) 'idempotency.records'::pg_catalog.regclass::pg_catalog.oid
  ORDER BY b.range_from NULLS LAST;
 

@@ -748,6 +748,84 @@ AS 'MODULE_PATHNAME', 'idem_status_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
+-- src/api/partitions.rs:10
+CREATE SCHEMA IF NOT EXISTS idempotency; /* idempotency::api::partitions::idempotency */
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/partitions.rs:36
+-- idempotency::api::partitions::idempotency::partition_range
+CREATE  FUNCTION idempotency."partition_range"(
+	"bound" TEXT /* & str */
+) RETURNS TABLE (
+	"range_from" timestamp with time zone,  /* TimestampWithTimeZone */
+	"range_to" timestamp with time zone  /* TimestampWithTimeZone */
+)
+IMMUTABLE STRICT PARALLEL SAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'partition_range_wrapper';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/partitions.rs:4
+-- requires:
+--   bootstrap
+--   idempotency::partition_range
+
+-- Every partition of the record table with its range, what it holds, and when retention drops it.
+-- (pg_partman's default partition, if any, has no range.) The range comes from the partition's catalog
+-- bound (the row's own relpartbound, read in the statement's snapshot) through idempotency.partition_range,
+-- never through a timestamp's text: pg_get_expr prints it under the
+-- reader's DateStyle and TimeZone, and a zone abbreviation can read back hours away.
+-- Every operator below has operands of exactly its types, and every function is qualified, so that no
+-- object of the schema CREATE EXTENSION ran in is bound into the view (it runs as the storage's owner).
+CREATE VIEW idempotency.partitions AS
+SELECT c.oid::pg_catalog.regclass                             AS partition,
+       b.range_from,
+       b.range_to,
+       GREATEST(c.reltuples, 0::pg_catalog.float4)::pg_catalog.int8 AS row_estimate,
+       pg_catalog.pg_total_relation_size(c.oid)               AS total_bytes,
+       pg_catalog.pg_size_pretty(pg_catalog.pg_total_relation_size(c.oid)) AS size,
+       b.range_to OPERATOR(pg_catalog.+)
+         pg_catalog.current_setting('idempotency.retention', true)::pg_catalog.interval AS dropped_after,
+       s.sealed_at,
+       s.blocks OPERATOR(pg_catalog.*) 32                     AS filter_bytes
+  FROM pg_catalog.pg_inherits i
+  JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) i.inhrelid
+  LEFT JOIN idempotency.sealed s
+         ON s.partition OPERATOR(pg_catalog.=) c.oid AND s.partition_name OPERATOR(pg_catalog.=) c.relname
+  LEFT JOIN LATERAL idempotency.partition_range(c.relpartbound::pg_catalog.text) b ON true
+ WHERE i.inhparent OPERATOR(pg_catalog.=) 'idempotency.records'::pg_catalog.regclass::pg_catalog.oid
+ ORDER BY b.range_from NULLS LAST;
+
+COMMENT ON VIEW idempotency.partitions IS 'Partitions of idempotency.records: range, estimated rows, size, when retention drops each, and when it was sealed (no new rows) with its filter''s size.';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/partitions.rs:16
+-- idempotency::api::partitions::idempotency::premake_partitions
+CREATE  FUNCTION idempotency."premake_partitions"(
+	"as_of" timestamp with time zone DEFAULT now() /* Option < TimestampWithTimeZone > */
+) RETURNS INT /* i32 */
+VOLATILE PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'premake_partitions_wrapper';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/partitions.rs:25
+-- idempotency::api::partitions::idempotency::seal_partition
+CREATE  FUNCTION idempotency."seal_partition"(
+	"part" oid /* Option < pg_sys :: Oid > */
+) RETURNS bool /* bool */
+VOLATILE PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'seal_partition_wrapper';
+/* </end connected objects> */
+
+/* <begin connected objects> */
 -- src/api/grants.rs:20
 CREATE SCHEMA IF NOT EXISTS idempotency; /* idempotency::api::grants::idempotency */
 /* </end connected objects> */
@@ -871,71 +949,6 @@ CREATE  FUNCTION idempotency."scope_stats"() RETURNS TABLE (
 STRICT VOLATILE PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'scope_stats_wrapper';
-/* </end connected objects> */
-
-/* <begin connected objects> */
--- src/api/partitions.rs:10
-CREATE SCHEMA IF NOT EXISTS idempotency; /* idempotency::api::partitions::idempotency */
-/* </end connected objects> */
-
-/* <begin connected objects> */
--- src/api/partitions.rs:25
--- idempotency::api::partitions::idempotency::seal_partition
-CREATE  FUNCTION idempotency."seal_partition"(
-	"part" oid /* Option < pg_sys :: Oid > */
-) RETURNS bool /* bool */
-VOLATILE PARALLEL UNSAFE
-SET search_path TO pg_catalog, pg_temp
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'seal_partition_wrapper';
-/* </end connected objects> */
-
-/* <begin connected objects> */
--- src/api/partitions.rs:35
--- idempotency::api::partitions::idempotency::partition_range
-CREATE  FUNCTION idempotency."partition_range"(
-	"part" oid /* pg_sys :: Oid */
-) RETURNS TABLE (
-	"range_from" timestamp with time zone,  /* TimestampWithTimeZone */
-	"range_to" timestamp with time zone  /* TimestampWithTimeZone */
-)
-STRICT STABLE PARALLEL SAFE
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'partition_range_wrapper';
-/* </end connected objects> */
-
-/* <begin connected objects> */
--- src/api/partitions.rs:4
--- requires:
---   bootstrap
---   idempotency::partition_range
-
--- Every partition of the record table with its range, what it holds, and when retention drops it.
--- (pg_partman's default partition, if any, has no range.) The range comes from the partition's catalog
--- entry through idempotency.partition_range, never through text: pg_get_expr prints it under the
--- reader's DateStyle and TimeZone, and a zone abbreviation can read back hours away.
--- Every operator below has operands of exactly its types, and every function is qualified, so that no
--- object of the schema CREATE EXTENSION ran in is bound into the view (it runs as the storage's owner).
-CREATE VIEW idempotency.partitions AS
-SELECT c.oid::pg_catalog.regclass                             AS partition,
-       b.range_from,
-       b.range_to,
-       GREATEST(c.reltuples, 0::pg_catalog.float4)::pg_catalog.int8 AS row_estimate,
-       pg_catalog.pg_total_relation_size(c.oid)               AS total_bytes,
-       pg_catalog.pg_size_pretty(pg_catalog.pg_total_relation_size(c.oid)) AS size,
-       b.range_to OPERATOR(pg_catalog.+)
-         pg_catalog.current_setting('idempotency.retention', true)::pg_catalog.interval AS dropped_after,
-       s.sealed_at,
-       s.blocks OPERATOR(pg_catalog.*) 32                     AS filter_bytes
-  FROM pg_catalog.pg_inherits i
-  JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) i.inhrelid
-  LEFT JOIN idempotency.sealed s
-         ON s.partition OPERATOR(pg_catalog.=) c.oid AND s.partition_name OPERATOR(pg_catalog.=) c.relname
-  LEFT JOIN LATERAL idempotency.partition_range(c.oid) b ON true
- WHERE i.inhparent OPERATOR(pg_catalog.=) 'idempotency.records'::pg_catalog.regclass::pg_catalog.oid
- ORDER BY b.range_from NULLS LAST;
-
-COMMENT ON VIEW idempotency.partitions IS 'Partitions of idempotency.records: range, estimated rows, size, when retention drops each, and when it was sealed (no new rows) with its filter''s size.';
 /* </end connected objects> */
 
 /* <begin connected objects> */
@@ -1072,18 +1085,6 @@ $$;
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/api/partitions.rs:16
--- idempotency::api::partitions::idempotency::premake_partitions
-CREATE  FUNCTION idempotency."premake_partitions"(
-	"as_of" timestamp with time zone DEFAULT now() /* Option < TimestampWithTimeZone > */
-) RETURNS INT /* i32 */
-VOLATILE PARALLEL UNSAFE
-SET search_path TO pg_catalog, pg_temp
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'premake_partitions_wrapper';
-/* </end connected objects> */
-
-/* <begin connected objects> */
 -- src/lib.rs:27
 -- finalize
 -- Privileges, documentation and the first partitions. Runs after the generated functions.
@@ -1170,8 +1171,8 @@ COMMENT ON FUNCTION idem_partman_handover() IS
 'Registers idempotency.records with pg_partman (create_parent, retention and premake from the GUCs). Set idempotency.partition_manager = pg_partman first.';
 COMMENT ON FUNCTION idempotency.seal_partition(oid) IS
 'Seals a partition of idempotency.records (an oid: pass ''idempotency.records_p...''::regclass) now and builds its membership filter (maintenance seals past partitions by itself). Waits for the partition''s writers within lock_timeout. Sealing the partition of the present moves new keys to the next one. False if it was sealed already.';
-COMMENT ON FUNCTION idempotency.partition_range(oid) IS
-'The range [range_from, range_to) of a partition of idempotency.records as its catalog entry holds it (no row for a default partition or another relation); what idempotency.partitions shows, unmoved by DateStyle or TimeZone.';
+COMMENT ON FUNCTION idempotency.partition_range(text) IS
+'The range [range_from, range_to) of a partition bound (pg_class.relpartbound as text), read from its node tree (no row for a default partition); what idempotency.partitions shows, unmoved by DateStyle or TimeZone.';
 COMMENT ON FUNCTION idempotency.premake_partitions(timestamptz) IS
 'Creates the missing partitions of idempotency.records from as_of to idempotency.premake intervals ahead; returns how many.';
 
@@ -1196,7 +1197,7 @@ GRANT EXECUTE ON FUNCTION
     idempotency.scope_stats(),
     idempotency.stats_totals(),
     idempotency.maintenance_state(),
-    idempotency.partition_range(oid)
+    idempotency.partition_range(text)
 TO idempotency_admin, pg_monitor;
 -- Scope and consumer-group grants (sql/grants.sql): idempotency_admin fences consumers by scope.
 GRANT SELECT ON idempotency.scope_grants TO idempotency_admin;

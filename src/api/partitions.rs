@@ -30,14 +30,15 @@ mod idempotency {
         storage::seal_partition(part)
     }
 
-    /// The range of a partition of the record table, read from its catalog entry (never through
-    /// text, so no session setting moves it); no row for a default partition or another relation.
-    #[pg_extern(stable, strict, parallel_safe)]
+    /// The range of a partition bound (`pg_class.relpartbound` as text), read from its node tree
+    /// (never through a timestamp's text, so no session setting moves it); no row for a default
+    /// partition.
+    #[pg_extern(immutable, strict, parallel_safe)]
     fn partition_range(
-        part: pg_sys::Oid,
+        bound: &str,
     ) -> TableIterator<'static, (name!(range_from, TimestampWithTimeZone), name!(range_to, TimestampWithTimeZone))>
     {
-        let range = storage::partition_range(part).map(|(from, to)| {
+        let range = storage::range_of_bound(bound).map(|(from, to)| {
             // SAFETY: both values are the Datums of timestamptz constants PostgreSQL stored.
             unsafe { (TimestampWithTimeZone::from_datum(from.into(), false), TimestampWithTimeZone::from_datum(to.into(), false)) }
         });

@@ -7,8 +7,21 @@
 //! times with comes from here instead.
 use pgrx::pg_sys;
 
-/// `[from, to)` of a range partition of the record table; None for a relation that is no partition,
-/// a default partition, or a bound of MINVALUE or MAXVALUE.
+/// `[from, to)` of a partition bound as `pg_class.relpartbound` holds it (its node tree as text); None
+/// for a default partition or a bound of MINVALUE or MAXVALUE. The view passes the bound of the row it
+/// read, so the range is that of the same snapshot: a syscache lookup by oid would use the catalog
+/// snapshot instead, which can be older than the statement's and miss a partition another session just
+/// made.
+pub fn range_of_bound(bound: &str) -> Option<(pg_sys::TimestampTz, pg_sys::TimestampTz)> {
+    let text = std::ffi::CString::new(bound).ok()?;
+    // SAFETY: a node tree PostgreSQL wrote (the caller passes relpartbound), which stringToNode parses
+    // into palloc'd nodes of the current memory context, read by their own layouts below.
+    unsafe { range_of(pg_sys::stringToNode(text.as_ptr()) as *mut pg_sys::PartitionBoundSpec) }
+}
+
+/// `[from, to)` of a range partition of the record table, from the syscache (for a partition the caller
+/// has opened and locked); None for a relation that is no partition, a default partition, or a bound of
+/// MINVALUE or MAXVALUE.
 pub fn partition_range(relid: pg_sys::Oid) -> Option<(pg_sys::TimestampTz, pg_sys::TimestampTz)> {
     // SAFETY: the syscache tuple is checked for NULL, read only through SysCacheGetAttr and released
     // before returning; the bound text is a node tree PostgreSQL itself wrote, which stringToNode

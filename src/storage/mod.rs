@@ -30,7 +30,7 @@ mod spi;
 mod xact;
 
 pub use admin::{forget, redrive, redrive_scope};
-pub use bounds::partition_range;
+pub use bounds::range_of_bound;
 pub use settings::pin_session as pin_session_settings;
 pub use document::{Document, Documents};
 pub use maintenance::{reclaim_more, round as maintenance_round, RECLAIM_PER_ROUND};
