@@ -116,6 +116,15 @@ pub fn serialization_failure(scope: &str, key: &str) -> ! {
     )
 }
 
+/// 40001: the partitions changed under every one of several lookups (concurrent DDL without pause).
+pub fn partitions_changing() -> ! {
+    raise(
+        Code::ERRCODE_T_R_SERIALIZATION_FAILURE,
+        "idempotency: the partitions of idempotency.records kept changing while they were looked up".into(),
+        Some("The transaction should be retried."),
+    )
+}
+
 /// 22003: a number that cannot be stored.
 pub fn out_of_range(name: &str, value: i64) -> ! {
     raise(

@@ -22,6 +22,30 @@ thread_local! {
     static RECORDS_OWNER: Cell<pg_sys::Oid> = const { Cell::new(pg_sys::InvalidOid) };
     static TOKEN_SEQ_OID: Cell<pg_sys::Oid> = const { Cell::new(pg_sys::InvalidOid) };
     static LISTENERS: Cell<&'static [fn(Invalidated)]> = const { Cell::new(&[]) };
+    /// How many relcache invalidations this backend has processed (see [`read_for_cache`]).
+    static EPOCH: Cell<u64> = const { Cell::new(0) };
+}
+
+/// How many times [`read_for_cache`] reads before it gives up keeping what it read.
+const READS: usize = 5;
+
+/// Reads what a cache will keep until the next invalidation, so that it is not kept stale.
+///
+/// A read under a snapshot taken before a concurrent commit still sees what that commit dropped or
+/// changed, and the commit's invalidation can be processed while the read runs (any lock it takes
+/// for the first time in the transaction processes the queue): kept after that, the result would
+/// be stale and nothing would ever tell the cache. So `read` runs again while an invalidation
+/// arrived during it. Returns the result and whether it may be kept: false after [`READS`] reads
+/// that each saw one (the result is then as good as any concurrent read, for this call only).
+pub fn read_for_cache<T>(mut read: impl FnMut() -> T) -> (T, bool) {
+    for _ in 1..READS {
+        let before = EPOCH.with(|e| e.get());
+        let result = read();
+        if EPOCH.with(|e| e.get()) == before {
+            return (result, true);
+        }
+    }
+    (read(), false)
 }
 
 /// Registers the relcache callback, which also calls `listeners`. Called once per process, from
@@ -40,6 +64,7 @@ pub fn init(listeners: &'static [fn(Invalidated)]) {
 unsafe extern "C-unwind" fn forget(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
     // Without the record table's oid at hand, any relation may be it: forget everything rather
     // than keep a partition that is gone (the oid is cached again at the next lookup).
+    EPOCH.with(|e| e.set(e.get().wrapping_add(1)));
     let records = RECORDS_OID.with(|r| r.get());
     let what = if relid == pg_sys::InvalidOid || records == pg_sys::InvalidOid || relid == records {
         RECORDS_OID.with(|r| r.set(pg_sys::InvalidOid));

@@ -160,13 +160,23 @@ pub fn sealed() -> Rc<Sealed> {
     if let Some(known) = SEALED.with(|s| s.borrow().clone()) {
         return known;
     }
-    let mut known = Sealed::default();
     if !installed() {
-        let known = Rc::new(known);
+        let known = Rc::new(Sealed::default());
         SEALED.with(|s| *s.borrow_mut() = Some(known.clone()));
         return known;
     }
     let conn = Conn::open();
+    let (known, settled) = catalog::read_for_cache(|| load(&conn));
+    let known = Rc::new(known);
+    // Unsettled: used for this call only (knowing less than the truth is safe, see above).
+    if settled {
+        SEALED.with(|s| *s.borrow_mut() = Some(known.clone()));
+    }
+    known
+}
+
+fn load(conn: &Conn) -> Sealed {
+    let mut known = Sealed::default();
     let rows = conn.run(&LOAD, &[], Snap::Latest);
     let mut building: HashMap<pg_sys::Oid, Filter> = HashMap::new();
     for i in 0..rows.len() {
@@ -196,8 +206,6 @@ pub fn sealed() -> Rc<Sealed> {
             filter.blocks > 0 && filter.chunks.len() == (filter.blocks as usize).div_ceil(CHUNK_BLOCKS);
         known.filters.insert(oid, complete.then(|| Rc::new(filter)));
     }
-    let known = Rc::new(known);
-    SEALED.with(|s| *s.borrow_mut() = Some(known.clone()));
     known
 }
 

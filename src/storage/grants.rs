@@ -9,7 +9,7 @@
 //! table's relcache entry is invalidated, which a statement trigger on the table sends at every change
 //! ([`forget`]); role membership changes clear the per-role answers ([`init`]). A call then costs one
 //! hash lookup, or nothing while no grant exists.
-use super::catalog::Invalidated;
+use super::catalog::{self, Invalidated};
 use super::spi::{Conn, Snap, Stmt};
 use crate::gucs;
 use pgrx::pg_sys;
@@ -158,17 +158,27 @@ fn load() -> Known {
 /// Whether the current user may call with `name` as a scope or group. True while grants of that kind
 /// are off; always true for superusers.
 pub fn allowed(kind: Kind, name: &str) -> bool {
-    let loaded = KNOWN.with_borrow(|k| k.is_some());
-    if !loaded {
-        let known = load();
-        KNOWN.with_borrow_mut(|k| *k = Some(known));
+    if KNOWN.with_borrow(|k| k.is_some()) {
+        return decide(kind, name);
     }
+    let (known, settled) = catalog::read_for_cache(load);
+    KNOWN.with_borrow_mut(|k| *k = Some(known));
+    let answer = decide(kind, name);
+    if !settled {
+        // Read while the grants kept changing: good for this call (as any concurrent read), not to keep.
+        KNOWN.with_borrow_mut(|k| *k = None);
+    }
+    answer
+}
+
+/// [`allowed`] with the grants loaded.
+fn decide(kind: Kind, name: &str) -> bool {
     // SAFETY: reads the current user id, set for the whole call.
     let user = unsafe { pg_sys::GetUserId() };
     // Looked at without holding the borrow across catalog lookups: a lookup may process invalidations,
     // whose callbacks ([`forget`], `roles_changed`) borrow the same cell.
     let (enforced, known_answer, grants) = KNOWN.with_borrow(|k| {
-        let known = k.as_ref().expect("loaded above");
+        let known = k.as_ref().expect("loaded by allowed");
         let enforced = gucs::require_scope_grants() || known.grants.iter().any(|(_, k, _)| *k == kind);
         let answer = known.answers.get(&(user, kind)).and_then(|a| a.get(name).copied());
         let grants: Vec<(pg_sys::Oid, Pattern)> = if enforced && answer.is_none() {

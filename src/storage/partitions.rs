@@ -172,10 +172,19 @@ pub fn create_missing(conn: &Conn, as_of: pg_sys::TimestampTz) -> i32 {
 
 /// Finds (and remembers) where rows created at `ts` go.
 fn look_up_coverage(conn: &Conn, ts: pg_sys::TimestampTz) {
+    let (range, settled) = catalog::read_for_cache(|| read_coverage(conn, ts));
+    if !settled {
+        // A partition of the last read may be gone already: nothing safe to write to.
+        crate::errors::partitions_changing();
+    }
+    COVERED.with(|c| c.set(range));
+}
+
+fn read_coverage(conn: &Conn, ts: pg_sys::TimestampTz) -> Coverage {
     let stmt = if super::filters::installed() { &COVERAGE } else { &COVERAGE_UNSEALED };
     let rows = conn.run(stmt, &[ts_arg(ts)], Snap::Latest);
     let sealed_to = rows.get_ts(0, 4);
-    let range = match (rows.get_ts(0, 1), rows.get_ts(0, 2), rows.get::<pg_sys::Oid>(0, 3)) {
+    match (rows.get_ts(0, 1), rows.get_ts(0, 2), rows.get::<pg_sys::Oid>(0, 3)) {
         (Some(from), Some(to), Some(partition)) => {
             Coverage { lo: ts.min(from), from, to, partition, sealed_to }
         }
@@ -189,8 +198,7 @@ fn look_up_coverage(conn: &Conn, ts: pg_sys::TimestampTz) {
             partition: pg_sys::InvalidOid,
             sealed_to,
         },
-    };
-    COVERED.with(|c| c.set(range));
+    }
 }
 
 /// Makes sure a row created at `ts` has a partition. Cheap when it already has one.

@@ -493,9 +493,11 @@ def test_a_failed_step_undoes_only_itself(cluster):
         c.execute(f"CREATE VIEW public.pin AS SELECT * FROM {pinned}")
         c.execute("SELECT * FROM idem_claim('stuck', ttl => '1 millisecond')")
         time.sleep(0.01)
-        # As of two hours ahead: the stuck lease is past idempotency.reclaim_after (1 h).
+        # As of a day and two hours ahead: the stuck lease is past idempotency.reclaim_after (1 h), and
+        # the premake window reaches a day no partition covers yet, whatever the hour now (as of only
+        # two hours ahead, a run before 22:00 UTC had nothing to premake).
         made, dropped, _, reclaimed = c.execute(
-            "SELECT * FROM idem_maintenance(now() + interval '2 hours')").fetchone()
+            "SELECT * FROM idem_maintenance(now() + interval '1 day 2 hours')").fetchone()
         left = {r[0] for r in c.execute("SELECT partition::text FROM idempotency.partitions").fetchall()}
         state = c.execute("SELECT last_error FROM idempotency.maintenance_state()").fetchone()
     assert pinned in left, "the pinned partition is gone"

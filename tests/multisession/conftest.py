@@ -51,11 +51,11 @@ class Cluster:
     dbname = DBNAME
     pgdata = PGDATA
 
-    def connect(self, dbname=None, statement_timeout_ms=60000, autocommit=True):
+    def connect(self, dbname=None, statement_timeout_ms=60000, autocommit=True, user="postgres"):
         # Autocommit at the driver level: the tests send BEGIN / COMMIT / ROLLBACK themselves, so
         # every transaction boundary is explicit and a lone statement is its own transaction.
         return _server.connect(dbname=dbname or self.dbname, autocommit=autocommit,
-                               statement_timeout_ms=statement_timeout_ms)
+                               statement_timeout_ms=statement_timeout_ms, user=user)
 
 
 # The server's environment. With RUST_BACKTRACE=1, pgrx appends a Rust backtrace to the DETAIL of an
