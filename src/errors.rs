@@ -1,4 +1,4 @@
-//! Every error the API raises, with its SQLSTATE. The README's SQLSTATE table documents these.
+//! Every error the API raises, with its SQLSTATE. docs/reference.md's SQLSTATE table documents these.
 //!
 //! PostgreSQL's own errors (timeouts, cancel, serialization, disk full) raised inside our calls
 //! reach the client as PostgreSQL raised them: pgrx turns them into a Rust unwind and raises them

@@ -38,7 +38,7 @@ struct Header {
     rounds: [Round; MAX_DATABASES],
 }
 
-/// 296 bytes: the GUC's description and the README give the memory a scope takes, two slots (see
+/// 296 bytes: the GUC's description and docs/reference.md give the memory a scope takes, two slots (see
 /// [`slot_count`]); the assertion below keeps them in step with a change of the layout.
 #[repr(C)]
 struct Slot {
@@ -55,7 +55,7 @@ struct Slot {
     counts: [AtomicU64; COUNTERS],
 }
 
-const _: () = assert!(std::mem::size_of::<Slot>() == 296, "update the figures in gucs.rs and README.md");
+const _: () = assert!(std::mem::size_of::<Slot>() == 296, "update the figures in gucs.rs and docs/reference.md");
 
 static mut REGION: *mut Header = std::ptr::null_mut();
 static mut PREV_REQUEST_HOOK: pg_sys::shmem_request_hook_type = None;

@@ -338,7 +338,7 @@ def t_status(cl, ck):
         ck.check("idem_redrive, idem_redrive_scope and idem_forget through the coordinator act on the key's worker",
                  dead is True and out == [("claimed", 1)] and bulk == 1 and gone is True and st == [],
                  (dead, out, bulk, gone, st))
-        # An ordinary login role granted idempotency_consumer, as README "Scaling out" sets one up: Citus
+        # An ordinary login role granted idempotency_consumer, as docs/scaling-out.md sets one up: Citus
         # propagates the role and its membership to the workers, where the delegated call runs as that role.
         c.execute("DROP ROLE IF EXISTS app_consumer")
         c.execute("CREATE ROLE app_consumer LOGIN")
@@ -803,7 +803,7 @@ def remove_worker_traps(node):
     return [(node.port, *r) for r in fired]
 
 
-# README "Rebalancing", the recipe for many shards at once: record the placements, move the shards, then move
+# docs/scaling-out.md "Rebalancing", the recipe for many shards at once: record the placements, move the shards, then move
 # the records of every shard whose node changed.
 RECORD_PLACEMENTS = ("CREATE TABLE idem_placements_before AS SELECT shardid, nodename, nodeport FROM citus_shards "
                      "WHERE table_name = 'ledger'::regclass")

@@ -4,7 +4,7 @@ For every public function, hostile calls built from tables of hostile values, on
 time (the others valid), plus hostile contexts (no privilege, read-only transaction, aborted
 transaction, wrong types and arity, prepared statements, cursors, exception handlers):
 
-* a call expected to fail must raise an ERROR with the SQLSTATE the README's table documents (or, for
+* a call expected to fail must raise an ERROR with the SQLSTATE docs/reference.md's table documents (or, for
   values PostgreSQL itself rejects before the call, PostgreSQL's own SQLSTATE, with a message that is
   not the extension's);
 * a hostile value that is valid input (quotes, SQL fragments, format specifiers, 512-byte keys,

@@ -304,7 +304,7 @@ def _catalog(cluster, result, checks):
                 granted.add(plain)
         if granted != CONSUMER_FUNCTIONS:
             result.violation(f"catalog: idempotency_consumer may execute {sorted(granted ^ CONSUMER_FUNCTIONS)} "
-                             f"(difference from the README's consumer functions)")
+                             f"(difference from the consumer functions of docs/reference.md)")
         # The consumer functions are not SECURITY DEFINER (they switch to the owner inside, see
         # storage::spi::Conn); that they work without any privilege on the storage is the API
         # check above, and that no caller's schema shadows their SQL is _search_path below.
