@@ -1,12 +1,12 @@
 //! What a DBA does to keys by hand: redrive terminal failures, forget a key. Each takes the key's
 //! lock first, as every writer does, so it never races a claim: a claim waiting for the key then
 //! reads what the DBA left.
+use super::call::Call;
 use super::decide::State;
-use super::keylock;
-use super::records::{expect_one, lookup, Key};
-use super::spi::{arg, ts_arg, Conn, Snap, Stmt};
+use super::pg::keylock;
+use super::pg::spi::{arg, ts_arg, Snap, Stmt};
+use super::record::{expect_one, Key};
 use crate::errors;
-use crate::stats;
 use pgrx::pg_sys;
 
 const T_TEXT: pg_sys::Oid = pg_sys::TEXTOID;
@@ -37,19 +37,19 @@ static FAILED_KEYS: Stmt = Stmt {
 
 /// Makes a failed key claimable again; false when it is not failed. P0002 when it has no record.
 pub fn redrive(k: Key) -> bool {
-    stats::count_serialization_failures(k.scope, || redrive_on(&Conn::open(), k))
+    Call::run(k.scope, |call| redrive_in(call, k))
 }
 
-fn redrive_on(conn: &Conn, k: Key) -> bool {
+fn redrive_in(call: &Call, k: Key) -> bool {
     let lock = keylock::lock_key(k.scope, k.key, true).expect("waited for the lock");
-    let Some(rec) = lookup(conn, k) else {
+    let Some(rec) = call.lookup(k) else {
         errors::unknown_key(k.scope, k.key, errors::HINT_REDRIVE_FAILED)
     };
     if !matches!(rec.state, State::Failed { .. }) {
         lock.release_if_only_read();
         return false;
     }
-    let rows = conn.run_on(&REDRIVE, rec.partition, &rec.row_args(k), Snap::Statement);
+    let rows = call.conn().run_on(&REDRIVE, rec.partition, &rec.row_args(k), Snap::Statement);
     expect_one(&rows, "redrive");
     true
 }
@@ -57,30 +57,25 @@ fn redrive_on(conn: &Conn, k: Key) -> bool {
 /// Redrives up to `max_keys` failed keys of a scope (those failed since `since`, when given), in key
 /// order; returns how many. Each key's lock is held until the transaction ends, hence the bound.
 pub fn redrive_scope(scope: &str, since: Option<pg_sys::TimestampTz>, max_keys: i32) -> i64 {
-    stats::count_serialization_failures(scope, || redrive_scope_inner(scope, since, max_keys))
-}
-
-fn redrive_scope_inner(scope: &str, since: Option<pg_sys::TimestampTz>, max_keys: i32) -> i64 {
-    let conn = Conn::open();
-    let rows = conn.run(&FAILED_KEYS, &[arg(scope), since.and_then(ts_arg), arg(max_keys)], Snap::Statement);
-    let keys: Vec<String> = (0..rows.len()).filter_map(|i| rows.get(i, 1)).collect();
-    drop(rows);
-    keys.iter().filter(|key| redrive_on(&conn, Key { scope, key: key.as_str() })).count() as i64
+    Call::run(scope, |call| {
+        let rows =
+            call.conn().run(&FAILED_KEYS, &[arg(scope), since.and_then(ts_arg), arg(max_keys)], Snap::Statement);
+        let keys: Vec<String> = (0..rows.len()).filter_map(|i| rows.get(i, 1)).collect();
+        drop(rows);
+        keys.iter().filter(|key| redrive_in(call, Key { scope, key: key.as_str() })).count() as i64
+    })
 }
 
 /// Removes a key's record, whatever its state; false when it has none.
 pub fn forget(k: Key) -> bool {
-    stats::count_serialization_failures(k.scope, || forget_inner(k))
-}
-
-fn forget_inner(k: Key) -> bool {
-    let conn = Conn::open();
-    let lock = keylock::lock_key(k.scope, k.key, true).expect("waited for the lock");
-    let Some(rec) = lookup(&conn, k) else {
-        lock.release_if_only_read();
-        return false;
-    };
-    let rows = conn.run_on(&FORGET, rec.partition, &rec.row_args(k), Snap::Statement);
-    expect_one(&rows, "forget");
-    true
+    Call::run(k.scope, |call| {
+        let lock = keylock::lock_key(k.scope, k.key, true).expect("waited for the lock");
+        let Some(rec) = call.lookup(k) else {
+            lock.release_if_only_read();
+            return false;
+        };
+        let rows = call.conn().run_on(&FORGET, rec.partition, &rec.row_args(k), Snap::Statement);
+        expect_one(&rows, "forget");
+        true
+    })
 }

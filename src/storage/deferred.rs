@@ -16,34 +16,14 @@
 //! made after it, and makes a row written after it (which the rollback removed) unwritten again.
 //! A statement of this transaction that reads the storage with SQL (a view, `idem_metrics()`, a
 //! DBA's SELECT) first writes the remembered claims, so that it sees them as it would have.
-use super::direct;
-use super::records::Key;
-use super::spi::{self, arg, ts_arg, Conn, Snap, Stmt};
-use super::xact;
-use crate::storage::Document;
+use super::pg::document::Document;
+use super::pg::spi::{self, Conn};
+use super::pg::writer::{self, Row};
+use super::pg::xact;
+use super::record::Key;
 use pgrx::pg_sys;
 use std::cell::RefCell;
 use std::collections::HashMap;
-
-const T_TEXT: pg_sys::Oid = pg_sys::TEXTOID;
-const T_INT8: pg_sys::Oid = pg_sys::INT8OID;
-const T_TS: pg_sys::Oid = pg_sys::TIMESTAMPTZOID;
-const T_JSONB: pg_sys::Oid = pg_sys::JSONBOID;
-
-// The row the claim would have inserted, with the values it would have given it.
-static INSERT_PENDING: Stmt = Stmt {
-    sql: "INSERT INTO {partition}
-                 (scope, key, status, token, attempts, fingerprint, created_at, updated_at, expires_at)
-          VALUES ($1, $2, 'pending', $3, 1, $4, $5, $6, $7)",
-    args: &[T_TEXT, T_TEXT, T_INT8, T_TEXT, T_TS, T_TS, T_TS],
-};
-// The claim and its completion in one row: what the update of the pending row would have left.
-static INSERT_COMPLETED: Stmt = Stmt {
-    sql: "INSERT INTO {partition}
-                 (scope, key, status, token, attempts, fingerprint, payload, created_at, updated_at)
-          VALUES ($1, $2, 'completed', $3, 1, $4, $6, $5, clock_timestamp())",
-    args: &[T_TEXT, T_TEXT, T_INT8, T_TEXT, T_TS, T_JSONB],
-};
 
 /// A claim of a new key, not written yet (or written in `written_in`).
 struct Deferred {
@@ -106,19 +86,14 @@ enum Fate<'a> {
     Completed(Option<&'a Document>),
 }
 
-/// Inserts the claim's row, directly (see `direct`) or, on a partition that needs the executor,
-/// with the same insert through SPI. Its serialization failures (an SSI conflict of the insert) are
-/// counted here when no call counts them: at COMMIT, or before a statement that reads the storage.
+/// Writes the claim's row (see `writer`). Its serialization failures (an SSI conflict of the insert)
+/// are counted here when no call counts them: at COMMIT, or before a statement that reads the storage.
 fn insert(conn: &Conn, k: Key, c: &Deferred, fate: Fate) {
-    crate::stats::count_serialization_failures(k.scope, || insert_row(conn, k, c, fate))
-}
-
-fn insert_row(conn: &Conn, k: Key, c: &Deferred, fate: Fate) {
     let (status, payload, updated_at, expires_at) = match fate {
         Fate::Pending => ("pending", None, c.claimed_at, Some(c.expires_at)),
         Fate::Completed(payload) => ("completed", payload.map(|d| d.datum()), xact::clock(), None),
     };
-    let row = direct::Row {
+    let row = Row {
         scope: k.scope,
         key: k.key,
         status,
@@ -130,22 +105,7 @@ fn insert_row(conn: &Conn, k: Key, c: &Deferred, fate: Fate) {
         updated_at,
         expires_at,
     };
-    if direct::insert(c.partition, &row) {
-        return;
-    }
-    let mut args =
-        vec![arg(k.scope), arg(k.key), arg(c.token), arg(c.fingerprint.as_deref()), ts_arg(c.created_at)];
-    let stmt = match fate {
-        Fate::Pending => {
-            args.extend([ts_arg(c.claimed_at), ts_arg(c.expires_at)]);
-            &INSERT_PENDING
-        }
-        Fate::Completed(_) => {
-            args.push(payload);
-            &INSERT_COMPLETED
-        }
-    };
-    conn.run_on(stmt, c.partition, &args, Snap::Statement);
+    crate::stats::count_serialization_failures(k.scope, || writer::insert(conn, c.partition, &row));
 }
 
 fn insert_pending(conn: &Conn, k: Key, c: &Deferred) {

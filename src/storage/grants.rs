@@ -9,8 +9,8 @@
 //! table's relcache entry is invalidated, which a statement trigger on the table sends at every change
 //! ([`forget`]); role membership changes clear the per-role answers ([`init`]). A call then costs one
 //! hash lookup, or nothing while no grant exists.
-use super::catalog::{self, Invalidated};
-use super::spi::{Conn, Snap, Stmt};
+use super::pg::catalog::{self, Invalidated};
+use super::pg::spi::{Conn, Snap, Stmt};
 use crate::gucs;
 use pgrx::pg_sys;
 use std::cell::RefCell;

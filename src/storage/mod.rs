@@ -1,60 +1,72 @@
-//! Storage: the record table behind the API: new rows inserted with the access methods, other
-//! writes through SPI with saved plans, reads by direct index probes. Only the operations re-exported here are visible to the rest of the crate.
+//! Storage: the record table behind the API. Three floors, each using only those below it:
 //!
-//! - `decide`: what a call does to one key (pure, unit-tested); `records`: reads and writes keys;
-//!   `admin`: redrive and forget keys by hand; `deferred`: a new key's claim written once, when its fate is known;
-//! - `offsets`: broker positions; `maintenance`: one retention round; `partitions`: time
-//!   partitions and their indexes; `partman`: the handover to pg_partman;
-//! - `probe`: index lookups without the executor; `direct`: row inserts without it; `spi`: saved plans; `owner`: running as the table's owner;
-//!   `filters`: sealed partitions and their membership filters; `keylock`: the per-key lock; `catalog`: cached catalog facts; `xact`: transaction facts;
-//!   `document`: jsonb payloads passed through.
+//! - the domain, one module per verb: `record` (a key, its record), `call` (what every call does
+//!   around its work), `claim`, `settle` (complete, fail, heartbeat), `once`, `batch`, `status`,
+//!   `admin` (redrive and forget by hand), `offsets` (broker positions), `grants` (who may use which
+//!   scope), `deferred` (a new key's claim written once, when its fate is known), and `decide` (what a
+//!   call does to one key: pure, unit-tested);
+//! - the `lifecycle` of the record table: partitions, sealing, maintenance rounds, pg_partman;
+//! - the `pg` plumbing: SPI, probes, the row writer, the owner switch, the catalog, locks, transaction
+//!   facts, documents, filter arithmetic and reads. Every PostgreSQL-version-specific call is there.
+//!
+//! Only what is re-exported here is visible to the rest of the crate.
 mod admin;
-mod bounds;
-mod catalog;
+mod batch;
+mod call;
+mod claim;
 mod decide;
 mod deferred;
-mod direct;
-mod document;
-mod filters;
 mod grants;
-mod keylock;
-mod maintenance;
+mod lifecycle;
 mod offsets;
-mod owner;
-mod partitions;
-mod partman;
-mod probe;
-mod records;
-mod settings;
-mod spi;
-mod xact;
+mod once;
+mod pg;
+mod record;
+mod settle;
+mod status;
 
 pub use admin::{forget, redrive, redrive_scope};
-pub use bounds::range_of_bound;
-pub use settings::pin_session as pin_session_settings;
-pub use document::{Document, Documents};
-pub use maintenance::{reclaim_more, round as maintenance_round, RECLAIM_PER_ROUND};
+pub use batch::{claim_batch, complete_batch, once_batch};
+pub use claim::claim;
+pub use grants::{allowed as grant_allows, changed as grants_changed, Kind as GrantKind};
+pub use lifecycle::maintenance::{reclaim_more, Round, RECLAIM_PER_ROUND};
+pub use lifecycle::partitions::premake as premake_partitions;
+pub use lifecycle::partman::handover as partman_handover;
 pub use offsets::{
     list as list_offsets, next as next_offset, record as record_offset, reset as reset_offset, Position,
 };
-pub use filters::seal_partition;
-pub use grants::{allowed as grant_allows, changed as grants_changed, Kind as GrantKind};
-pub use partitions::premake as premake_partitions;
-pub use partman::handover as partman_handover;
-pub use records::{
-    claim, claim_batch, complete, complete_batch, fail, heartbeat, once, once_batch, status, Key,
-};
-pub use xact::start_time as transaction_start;
+pub use once::once;
+pub use pg::bounds::range_of_bound;
+pub use pg::document::{Document, Documents};
+pub use pg::settings::pin_session as pin_session_settings;
+pub use pg::xact::start_time as transaction_start;
+pub use record::Key;
+pub use settle::{complete, fail, heartbeat};
+pub use status::status;
 
-/// Process start: the relcache callback that keeps the cached catalog facts true.
+/// Seals one partition now (`idempotency.seal_partition`); the claims this transaction remembers get
+/// their rows first, since the seal must see every key. False if it was already sealed.
+pub fn seal_partition(partition: pgrx::pg_sys::Oid) -> bool {
+    call::with_all_claims_written(|| lifecycle::sealing::seal_partition(partition))
+}
+
+/// One maintenance round as of `as_of` (see `lifecycle::maintenance`); the claims this transaction
+/// remembers get their rows first, since a seal must see every key. None when another session holds
+/// this database's maintenance lock (and `wait` is false).
+pub fn maintenance_round(as_of: pgrx::pg_sys::TimestampTz, wait: bool) -> Option<Round> {
+    call::with_all_claims_written(|| lifecycle::maintenance::round(as_of, wait))
+}
+
+/// Process start: the callbacks that write remembered claims, and those that keep the cached catalog
+/// facts true.
 pub fn init() {
     deferred::init();
     grants::init();
-    catalog::init(&[
-        probe::forget_layouts,
-        direct::forget_layouts,
-        partitions::forget_coverage,
-        filters::forget,
+    pg::catalog::init(&[
+        pg::probe::forget_layouts,
+        pg::direct::forget_layouts,
+        lifecycle::partitions::forget_coverage,
+        pg::sealed::forget,
         grants::forget,
     ]);
 }

@@ -4,7 +4,7 @@
 //! fillfactor, so that the constant updates of the same rows stay HOT. Retention never touches it.
 //! A row lock (`FOR UPDATE`) serializes concurrent writers of one partition's position: the
 //! second sees the first's result.
-use super::spi::{arg, Conn, Snap, Stmt};
+use super::pg::spi::{arg, Conn, Snap, Stmt};
 use crate::errors;
 use pgrx::pg_sys;
 

@@ -1,15 +1,14 @@
 //! What the storage needs to know about the current transaction, as safe functions.
-use super::decide::Micros;
 use pgrx::pg_sys;
 
 /// When the current transaction started: `now()` in SQL, the `created_at` of the rows it inserts.
-pub fn start_time() -> Micros {
+pub fn start_time() -> pg_sys::TimestampTz {
     // SAFETY: reads a timestamp PostgreSQL set at transaction start; no side effects.
     unsafe { pg_sys::GetCurrentTransactionStartTimestamp() }
 }
 
 /// The clock now (`clock_timestamp()`), which lease ends are compared with.
-pub fn clock() -> Micros {
+pub fn clock() -> pg_sys::TimestampTz {
     // SAFETY: reads the system clock; no side effects.
     unsafe { pg_sys::GetCurrentTimestamp() }
 }

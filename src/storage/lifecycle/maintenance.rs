@@ -1,12 +1,12 @@
 //! One maintenance round: premake partitions, drop expired ones, seal past ones (see `filters`),
 //! reclaim stuck leases.
 //! Run by the background worker and by `idem_maintenance()`.
-use super::filters;
-use super::keylock;
+use super::sealing;
+use crate::storage::pg::keylock;
 use super::partitions;
-use super::settings::Pinned;
-use super::xact;
-use super::spi::{arg, ts_arg, Conn, Snap, Stmt};
+use crate::storage::pg::settings::Pinned;
+use crate::storage::pg::xact;
+use crate::storage::pg::spi::{arg, ts_arg, Conn, Snap, Stmt};
 use crate::gucs::{self, PartitionManager};
 use pgrx::pg_sys;
 
@@ -55,8 +55,6 @@ pub fn round(as_of: pg_sys::TimestampTz, wait: bool) -> Option<Round> {
     }
     let _pinned = Pinned::enter();
     let conn = Conn::open();
-    // Claims this transaction remembers get their rows first: a seal must see every key.
-    super::deferred::write_all(&conn, None);
     let mut round = Round::default();
     // Each step in a subtransaction of its own: a step that fails (a seal over its budget, a drop
     // refused) is undone alone and reported, and the others still keep retention going.
@@ -76,7 +74,7 @@ pub fn round(as_of: pg_sys::TimestampTz, wait: bool) -> Option<Round> {
     }
     // With `none` nobody premakes the partition that rows of a sealed one would move to.
     if manager != PartitionManager::None {
-        let sealing = round.step("seal", || filters::seal_past(&conn, as_of));
+        let sealing = round.step("seal", || sealing::seal_past(&conn, as_of));
         round.sealed = sealing.sealed;
         round.seal_deferred = sealing.deferred;
     }

@@ -6,7 +6,7 @@
 //! template table's indexes to each partition it makes, 5.x only its unique ones, so maintenance
 //! rounds index the partitions that lack them (see `partitions::index_missing`).
 use super::partitions;
-use super::spi::{quote_ident, quote_literal, Conn, Snap, Stmt};
+use crate::storage::pg::spi::{quote_ident, quote_literal, Conn, Snap, Stmt};
 use crate::errors;
 use crate::gucs;
 
@@ -24,7 +24,7 @@ static FIRST_PARTITION: Stmt =
 /// template table and the existing partitions their indexes. Returns what it did, for the DBA.
 pub fn handover() -> String {
     // The first partition's time travels to pg_partman as text: ISO and UTC, whatever the session's.
-    let _pinned = super::settings::Pinned::enter();
+    let _pinned = crate::storage::pg::settings::Pinned::enter();
     let conn = Conn::open();
     let found = conn.run(&PARTMAN, &[], Snap::Statement);
     if found.len() == 0 {

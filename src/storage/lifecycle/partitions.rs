@@ -6,10 +6,11 @@
 //! Each backend remembers the range of the partition that holds the current time, so the claim
 //! path pays two comparisons; only when the current time leaves that range does it look again,
 //! and create the missing partitions if there is none.
-use super::catalog::{self, Invalidated};
-use super::keylock;
-use super::settings::Pinned;
-use super::spi::{arg, ts_arg, Conn, Snap, Stmt};
+use crate::storage::pg::catalog::{self, Invalidated};
+use crate::storage::pg::keylock;
+use crate::storage::pg::settings::Pinned;
+use crate::storage::pg::{sealed, xact};
+use crate::storage::pg::spi::{arg, ts_arg, Conn, Snap, Stmt};
 use crate::gucs;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -181,7 +182,7 @@ fn look_up_coverage(conn: &Conn, ts: pg_sys::TimestampTz) {
 }
 
 fn read_coverage(conn: &Conn, ts: pg_sys::TimestampTz) -> Coverage {
-    let stmt = if super::filters::installed() { &COVERAGE } else { &COVERAGE_UNSEALED };
+    let stmt = if sealed::installed() { &COVERAGE } else { &COVERAGE_UNSEALED };
     let rows = conn.run(stmt, &[ts_arg(ts)], Snap::Latest);
     let sealed_to = rows.get_ts(0, 4);
     match (rows.get_ts(0, 1), rows.get_ts(0, 2), rows.get::<pg_sys::Oid>(0, 3)) {
@@ -285,7 +286,7 @@ pub fn drop_expired(conn: &Conn, as_of: pg_sys::TimestampTz) -> Dropped {
     for name in names {
         // Each drop on its own: a partition that cannot be dropped (a DBA's view on it) is reported,
         // and the others still go.
-        let dropped = super::xact::in_subtransaction(|| {
+        let dropped = xact::in_subtransaction(|| {
             let rows = conn.run(
                 &DROP,
                 &[arg(name.as_str()), arg(gucs::drop_lock_timeout().as_millis() as i32)],

@@ -7,7 +7,7 @@
 //! executor, under the latest snapshot, taking the same `AccessShareLock`s the plan would, so
 //! visibility, HOT chains and SERIALIZABLE's predicate locks behave exactly as they did.
 use super::catalog::{self, Invalidated};
-use super::filters::{self, Filter};
+use super::sealed::{self, Chunks, Filter};
 use super::keylock;
 use super::xact;
 use pgrx::pg_sys;
@@ -132,12 +132,12 @@ pub struct Prober {
     snapshot: pg_sys::Snapshot,
     parts: Vec<Part>,
     /// `idempotency.filter_chunks`, opened at the first read of a filter that has no copy.
-    chunks: filters::Chunks,
+    chunks: Chunks,
 }
 
 impl Prober {
     pub fn open(scope: &str) -> Prober {
-        let sealed = filters::sealed();
+        let known = sealed::sealed();
         // SAFETY: called inside a transaction (from a SQL function): the snapshot is registered here and
         // unregistered in `drop` (or released by the abort); the record table is opened and locked by
         // PostgreSQL's own functions.
@@ -147,7 +147,7 @@ impl Prober {
             let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
             let mut leaves = Vec::new();
             // Rows moved out of sealed partitions may start as late as the newest seal's end.
-            let horizon = xact::clock().max(sealed.sealed_to.unwrap_or(i64::MIN)) + FUTURE_MARGIN_US;
+            let horizon = xact::clock().max(known.sealed_to.unwrap_or(i64::MIN)) + FUTURE_MARGIN_US;
             collect_leaves(catalog::records_oid(), Some(horizon), &mut leaves);
             // Newest first: a duplicate is most likely a recent key.
             leaves.reverse();
@@ -155,7 +155,7 @@ impl Prober {
                 .into_iter()
                 .map(|relid| Part {
                     relid,
-                    filter: sealed.filters.get(&relid).cloned().flatten(),
+                    filter: known.filters.get(&relid).cloned().flatten(),
                     open: None,
                 })
                 .collect();
@@ -164,7 +164,7 @@ impl Prober {
                 scope_text: scope.to_string(),
                 snapshot,
                 parts,
-                chunks: filters::Chunks::new(sealed.chunks_rel),
+                chunks: Chunks::new(known.chunks_rel),
             }
         }
     }

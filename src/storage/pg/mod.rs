@@ -1,0 +1,25 @@
+//! The PostgreSQL plumbing under the storage: everything that talks to PostgreSQL's internals, and the
+//! only place with calls that differ between PostgreSQL versions. Nothing here knows what a claim is.
+//!
+//! - `spi`: saved statements run as the storage's owner (`owner`); `settings`: session settings pinned
+//!   while the storage runs DDL or maintenance;
+//! - `probe`: index lookups without the executor; `direct`: row inserts without it, behind `writer`,
+//!   the one row writer;
+//! - `catalog`: cached catalog facts and the invalidations that clear them; `bounds`: partition
+//!   bounds read from the catalog;
+//! - `keylock`: the per-key lock and the storage's other advisory locks; `xact`: transaction facts;
+//! - `document`: jsonb payloads passed through; `filter`: the membership filter's arithmetic;
+//!   `sealed`: what a backend knows of the sealed partitions, and the reads of their filters.
+pub mod bounds;
+pub mod catalog;
+pub mod direct;
+pub mod document;
+pub mod filter;
+pub mod keylock;
+pub mod owner;
+pub mod probe;
+pub mod sealed;
+pub mod settings;
+pub mod spi;
+pub mod writer;
+pub mod xact;

@@ -1,0 +1,263 @@
+//! What a backend knows of the sealed partitions (loaded from `idempotency.sealed` on first use,
+//! forgotten at every relcache invalidation of the record table), and the reads of their filters'
+//! bits: from the backend's own copy when `idempotency.filter_cache` allows, else in place in the
+//! shared buffer of their `idempotency.filter_chunks` row. Filters are written by
+//! `lifecycle::sealing`; their arithmetic is `filter`.
+use super::catalog::{self, Invalidated};
+use super::filter::{block_has, block_of, BLOCK_BYTES, CHUNK_BLOCKS};
+use super::spi::{Conn, Snap, Stmt};
+use crate::gucs;
+use pgrx::pg_sys;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+
+/// A sealed partition's filter as a backend knows it: its size, where its chunks lie, and maybe a
+/// copy of its bits in the backend's memory.
+pub struct Filter {
+    partition: pg_sys::Oid,
+    blocks: u32,
+    chunks: Vec<pg_sys::ItemPointerData>,
+    copy: RefCell<BitsCopy>,
+}
+
+/// A filter's bits in the backend's own memory: read once, within `idempotency.filter_cache`, so that a
+/// claim reads a block with no buffer lookup, pin or tuple fetch. Filters never change once written;
+/// the copies go with the rest of what the backend knows of the sealed partitions (`forget`).
+enum BitsCopy {
+    Unread,
+    Bits(Box<[u8]>),
+    /// Over the budget, or a chunk did not read as listed: read in shared buffers.
+    No,
+}
+
+thread_local! {
+    /// Bytes of filter copies this backend holds.
+    static COPIED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// What a backend knows of the sealed partitions, loaded on first use and forgotten whenever the
+/// record table's relcache entry is invalidated (a seal, a partition created or dropped).
+#[derive(Default)]
+pub struct Sealed {
+    /// Sealed partitions by oid; None for one sealed without a filter (memory bound reached).
+    pub filters: HashMap<pg_sys::Oid, Option<Rc<Filter>>>,
+    /// `idempotency.filter_chunks`.
+    pub chunks_rel: pg_sys::Oid,
+    /// The end of the newest sealed partition's range (rows may be moved up to there).
+    pub sealed_to: Option<pg_sys::TimestampTz>,
+}
+
+thread_local! {
+    static SEALED: RefCell<Option<Rc<Sealed>>> = const { RefCell::new(None) };
+}
+
+/// Called by [`catalog`]'s relcache callback.
+pub fn forget(what: Invalidated) {
+    if let Invalidated::RecordTable = what {
+        SEALED.with(|s| s.borrow_mut().take());
+        COPIED.with(|c| c.set(0));
+    }
+}
+
+/// The sealed partitions that exist, with the chunk locations of their filters, one row per
+/// chunk in order (a partition without a filter has one row with a NULL chunk). A row of
+/// `idempotency.sealed` counts only while its partition still has the oid and name it was sealed
+/// under: a dropped partition's oid given to a new relation never inherits its filter.
+static LOAD: Stmt = Stmt {
+    sql: "SELECT s.partition, s.blocks, (t::text::point)[0]::int8, (t::text::point)[1]::int4,
+                 (SELECT max(range_to) FROM idempotency.sealed),
+                 'idempotency.filter_chunks'::regclass::oid
+            FROM idempotency.sealed s
+            JOIN pg_catalog.pg_class c ON c.oid = s.partition AND c.relname = s.partition_name
+            JOIN pg_catalog.pg_inherits i ON i.inhrelid = c.oid
+                 AND i.inhparent = 'idempotency.records'::regclass
+            LEFT JOIN LATERAL unnest(s.chunks) WITH ORDINALITY AS u(t, n) ON true
+           ORDER BY s.partition, u.n",
+    args: &[],
+};
+
+/// Whether the schema has sealed partitions at all: not between the restart on this library
+/// and `ALTER EXTENSION idempotency UPDATE` from 0.2.0, when everything works as 0.2.0 did.
+pub fn installed() -> bool {
+    // SAFETY: syscache lookups by name with C string constants; a missing schema is no error here.
+    unsafe {
+        let schema = pg_sys::get_namespace_oid(c"idempotency".as_ptr(), true);
+        schema != pg_sys::InvalidOid && pg_sys::get_relname_relid(c"sealed".as_ptr(), schema) != pg_sys::InvalidOid
+    }
+}
+
+/// What this backend knows of the sealed partitions (read under the latest snapshot when it
+/// knows nothing). Knowing less than the truth is safe: a partition not known as sealed is probed.
+pub fn sealed() -> Rc<Sealed> {
+    if let Some(known) = SEALED.with(|s| s.borrow().clone()) {
+        return known;
+    }
+    if !installed() {
+        let known = Rc::new(Sealed::default());
+        SEALED.with(|s| *s.borrow_mut() = Some(known.clone()));
+        return known;
+    }
+    let conn = Conn::open();
+    let (known, settled) = catalog::read_for_cache(|| load(&conn));
+    let known = Rc::new(known);
+    // Unsettled: used for this call only (knowing less than the truth is safe, see above).
+    if settled {
+        SEALED.with(|s| *s.borrow_mut() = Some(known.clone()));
+    }
+    known
+}
+
+fn load(conn: &Conn) -> Sealed {
+    let mut known = Sealed::default();
+    let rows = conn.run(&LOAD, &[], Snap::Latest);
+    let mut building: HashMap<pg_sys::Oid, Filter> = HashMap::new();
+    for i in 0..rows.len() {
+        let partition: pg_sys::Oid = rows.get(i, 1).expect("partition");
+        let blocks: i32 = rows.get(i, 2).expect("blocks");
+        known.sealed_to = rows.get_ts(i, 5);
+        known.chunks_rel = rows.get(i, 6).expect("filter_chunks");
+        let (Some(block), Some(item)) = (rows.get::<i64>(i, 3), rows.get::<i32>(i, 4)) else {
+            known.filters.insert(partition, None);
+            continue;
+        };
+        let mut tid = pg_sys::ItemPointerData::default();
+        pgrx::itemptr::item_pointer_set_all(&mut tid, block as u32, item as u16);
+        building
+            .entry(partition)
+            .or_insert_with(|| Filter {
+                partition,
+                blocks: blocks as u32,
+                chunks: Vec::new(),
+                copy: RefCell::new(BitsCopy::Unread),
+            })
+            .chunks
+            .push(tid);
+    }
+    for (oid, filter) in building {
+        let complete =
+            filter.blocks > 0 && filter.chunks.len() == (filter.blocks as usize).div_ceil(CHUNK_BLOCKS);
+        known.filters.insert(oid, complete.then(|| Rc::new(filter)));
+    }
+    known
+}
+
+/// `idempotency.filter_chunks` for the filter reads of one lookup: opened (AccessShareLock, kept to the
+/// end of the transaction, as a query would) only when bits must be read from it, so that a claim
+/// answered by the backend's copies alone never opens it.
+pub struct Chunks {
+    oid: pg_sys::Oid,
+    rel: pg_sys::Relation,
+}
+
+impl Chunks {
+    pub fn new(oid: pg_sys::Oid) -> Chunks {
+        Chunks { oid, rel: std::ptr::null_mut() }
+    }
+
+    /// # Safety
+    /// Inside a transaction; the relation stays open until [`Chunks::close`] or the transaction's end.
+    unsafe fn rel(&mut self) -> pg_sys::Relation {
+        if self.rel.is_null() {
+            self.rel = pg_sys::table_open(self.oid, pg_sys::AccessShareLock as i32);
+        }
+        self.rel
+    }
+
+    /// Closes the relation if it was opened (its lock stays to the end of the transaction).
+    pub fn close(&mut self) {
+        if !self.rel.is_null() {
+            // SAFETY: closes the relation `rel` opened, once (the pointer is cleared).
+            unsafe { pg_sys::table_close(self.rel, pg_sys::NoLock as i32) };
+            self.rel = std::ptr::null_mut();
+        }
+    }
+}
+
+impl Filter {
+    /// Whether the partition may hold the key of this hash: false only when its filter says no.
+    /// Anything unexpected (a chunk row gone or not the one listed) answers "maybe": the caller
+    /// then probes the index, which is never wrong.
+    ///
+    /// # Safety
+    /// Inside a transaction; `chunks` stands for `idempotency.filter_chunks`.
+    pub unsafe fn may_hold(&self, chunks: &mut Chunks, hash: u64) -> bool {
+        let block = block_of(hash, self.blocks);
+        if let Some(maybe) = self.from_copy(chunks, block, hash) {
+            return maybe;
+        }
+        let (chunk, offset) = (block / CHUNK_BLOCKS, (block % CHUNK_BLOCKS) * BLOCK_BYTES);
+        self.read_chunk(chunks.rel(), chunk, |data| {
+            data.get(offset..offset + BLOCK_BYTES).is_none_or(|bits| block_has(bits, hash))
+        })
+        .unwrap_or(true)
+    }
+
+    /// The answer from the backend's copy of the bits, made on first use when the budget allows;
+    /// None when there is no copy.
+    ///
+    /// # Safety
+    /// As for [`Filter::may_hold`].
+    unsafe fn from_copy(&self, chunks: &mut Chunks, block: usize, hash: u64) -> Option<bool> {
+        if matches!(*self.copy.borrow(), BitsCopy::Unread) {
+            let size = self.blocks as usize * BLOCK_BYTES;
+            let fits = COPIED.with(|c| c.get() + size <= gucs::filter_cache());
+            let mut bits = Vec::with_capacity(if fits { size } else { 0 });
+            let read = fits
+                && (0..self.chunks.len()).all(|chunk| {
+                    self.read_chunk(chunks.rel(), chunk, |data| bits.extend_from_slice(data)).is_some()
+                });
+            *self.copy.borrow_mut() = if read && bits.len() >= size {
+                COPIED.with(|c| c.set(c.get() + size));
+                BitsCopy::Bits(bits.into_boxed_slice())
+            } else {
+                BitsCopy::No
+            };
+        }
+        match &*self.copy.borrow() {
+            BitsCopy::Bits(bits) => Some(block_has(&bits[block * BLOCK_BYTES..(block + 1) * BLOCK_BYTES], hash)),
+            _ => None,
+        }
+    }
+
+    /// Runs `read` on the bytes of chunk number `chunk`, in place in its shared buffer. None when the
+    /// row is gone or is not that chunk of this partition's filter (anything unexpected).
+    ///
+    /// # Safety
+    /// `chunks` is `idempotency.filter_chunks`, open and locked.
+    unsafe fn read_chunk<R>(&self, chunks: pg_sys::Relation, chunk: usize, read: impl FnOnce(&[u8]) -> R) -> Option<R> {
+        let tid = self.chunks.get(chunk)?;
+        let mut tuple = pg_sys::HeapTupleData { t_self: *tid, ..Default::default() };
+        let mut buffer: pg_sys::Buffer = pg_sys::InvalidBuffer as pg_sys::Buffer;
+        // Any version will do: a chunk row is written once and never updated, and its partition
+        // and chunk number are checked below.
+        if !pg_sys::heap_fetch(chunks, &raw mut pg_sys::SnapshotAnyData, &mut tuple, &mut buffer, true) {
+            if buffer != pg_sys::InvalidBuffer as pg_sys::Buffer {
+                pg_sys::ReleaseBuffer(buffer);
+            }
+            return None;
+        }
+        // heap_deform_tuple writes one value per column of the relation: a column a DBA added to the
+        // table would write past arrays sized for ours, so such a table is "unexpected" too.
+        if (*(*chunks).rd_att).natts != 3 {
+            pg_sys::ReleaseBuffer(buffer);
+            return None;
+        }
+        let mut values = [pg_sys::Datum::from(0usize); 3];
+        let mut nulls = [true; 3];
+        pg_sys::heap_deform_tuple(&mut tuple, (*chunks).rd_att, values.as_mut_ptr(), nulls.as_mut_ptr());
+        let mut result = None;
+        if !nulls.iter().any(|n| *n)
+            && pg_sys::Oid::from(values[0].value() as u32) == self.partition
+            && values[1].value() as i32 == chunk as i32
+        {
+            // Stored inline and uncompressed (STORAGE PLAIN), so this returns the page's own bytes.
+            let bits = pg_sys::pg_detoast_datum_packed(values[2].cast_mut_ptr());
+            let len = pgrx::varlena::varsize_any_exhdr(bits);
+            let data = std::slice::from_raw_parts(pgrx::varlena::vardata_any(bits) as *const u8, len);
+            result = Some(read(data));
+        }
+        pg_sys::ReleaseBuffer(buffer);
+        result
+    }
+}
