@@ -1,197 +1,39 @@
 //! Cumulative statistics: what the `idem_*` calls answered, per database and scope.
 //!
 //! Counting must not show in a call's cost, so a call only adds to counters of its own backend
-//! ([`count`]); they are published to shared memory ([`shared`]) once per transaction, when it ends
+//! ([`count`]); they are published to shared memory ([`slots`]) once per transaction, when it ends
 //! (committed, aborted or prepared: a consumer saw those answers either way). Without the library in
 //! `shared_preload_libraries` there is no shared memory, and nothing is counted.
 //!
 //! The same shared memory keeps what the last maintenance rounds of each database did ([`rounds`]).
+//!
+//! The files, each importing only from files listed after it (this one only declares them and
+//! re-exports what the rest of the crate uses):
+//!
+//! - [`shmem`]: `_PG_init`'s part, the shared-memory hooks that set the region up at server start;
+//! - [`counting`]: a backend's counts, published at transaction end; whether counting is on;
+//! - [`persist`]: the file the counters are saved to at a clean shutdown and read back from at start;
+//! - [`rounds`]: what the maintenance rounds of each database did lately;
+//! - [`slots`]: the lock-free table of counter slots, one per (database, scope);
+//! - [`names`]: scope names as a slot keeps and shows them (cut, with a hash of the full name);
+//! - [`region`]: the layout of the shared memory (header, rounds' state, slots), this process's
+//!   pointer to it;
+//! - [`hash`]: PostgreSQL's hash, and a slot's key made with it;
+//! - [`backend`]: this backend's database and the clock;
+//! - [`counters`]: the counters, in the order of every counter array.
+mod backend;
+mod counters;
+mod counting;
+mod hash;
+mod names;
+mod persist;
+mod region;
 pub mod rounds;
-mod shared;
+mod shmem;
+mod slots;
 
-use crate::gucs;
-use pgrx::{pg_sys, PgSqlErrorCode, PgTryBuilder};
-use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
-
-pub use shared::{init, reset, rows, ScopeRow};
-
-/// One counter of `idempotency.stats` (the column of the same name).
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-#[repr(usize)]
-pub enum Counter {
-    Claims,
-    ClaimedNew,
-    Takeovers,
-    Retries,
-    AnsweredCompleted,
-    AnsweredInProgress,
-    AnsweredFailed,
-    AnsweredMismatch,
-    Poisoned,
-    DeadLettered,
-    StaleRefused,
-    SerializationFailures,
-    LockWaits,
-    /// Microseconds; shown as `lock_wait_ms`.
-    LockWaitMicros,
-    Completes,
-    Fails,
-    Heartbeats,
-}
-
-/// How many counters there are (the length of every counter array).
-pub const COUNTERS: usize = Counter::Heartbeats as usize + 1;
-
-/// A backend's counts not published yet, per scope.
-#[derive(Default)]
-struct Pending {
-    counts: [u64; COUNTERS],
-    /// The scope's slot in shared memory, once looked up (slots never move).
-    slot: Option<usize>,
-}
-
-thread_local! {
-    static PENDING: RefCell<HashMap<String, Pending>> = RefCell::new(HashMap::new());
-    static DIRTY: Cell<bool> = const { Cell::new(false) };
-}
-
-/// Adds `n` to a counter of `scope`, published when the transaction ends.
-pub fn add(scope: &str, counter: Counter, n: u64) {
-    if n != 0 {
-        add_to(scope, |counts| counts[counter as usize] += n);
-    }
-}
-
-fn add_to(scope: &str, f: impl FnOnce(&mut [u64; COUNTERS])) {
-    if !enabled() {
-        return;
-    }
-    PENDING.with_borrow_mut(|pending| {
-        if let Some(p) = pending.get_mut(scope) {
-            f(&mut p.counts);
-        } else {
-            let mut p = Pending::default();
-            f(&mut p.counts);
-            pending.insert(scope.to_owned(), p);
-        }
-    });
-    DIRTY.set(true);
-}
-
-/// Adds 1 to a counter of `scope`.
-pub fn count(scope: &str, counter: Counter) {
-    add(scope, counter, 1);
-}
-
-/// The counts of one call, added to its scope's only when it is done ([`Tally::publish`]): a call
-/// that raised an ERROR answered nothing, so none of what it counted on the way must show (the
-/// claims of a batch whose last key raised, say).
-#[derive(Default)]
-pub struct Tally([u64; COUNTERS]);
-
-impl Tally {
-    pub fn count(&mut self, counter: Counter) {
-        self.0[counter as usize] += 1;
-    }
-
-    pub fn add(&mut self, counter: Counter, n: u64) {
-        self.0[counter as usize] += n;
-    }
-
-    pub fn publish(self, scope: &str) {
-        if self.0.iter().any(|&n| n != 0) {
-            add_to(scope, |counts| counts.iter_mut().zip(self.0).for_each(|(c, n)| *c += n));
-        }
-    }
-}
-
-thread_local! {
-    /// Inside [`count_serialization_failures`]: a nested one leaves the counting to the outer one.
-    static WATCHING: Cell<bool> = const { Cell::new(false) };
-}
-
-/// Runs `f`, a call or a write of `scope`, and counts a serialization failure (40001) it raises, the
-/// extension's own or PostgreSQL's (an SSI conflict of an UPDATE or INSERT, say), then raises it on
-/// unchanged. PostgreSQL raises 40001 only under REPEATABLE READ and SERIALIZABLE, so READ COMMITTED
-/// (and counting switched off) runs `f` without a catch.
-pub fn count_serialization_failures<T>(scope: &str, f: impl FnOnce() -> T) -> T {
-    // SAFETY: reads the isolation level, a backend global set at transaction start.
-    let snapshot_isolation = unsafe { pg_sys::XactIsoLevel } >= pg_sys::XACT_REPEATABLE_READ as i32;
-    if !snapshot_isolation || !enabled() || WATCHING.get() {
-        return f();
-    }
-    WATCHING.set(true);
-    PgTryBuilder::new(std::panic::AssertUnwindSafe(f))
-        .catch_when(PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE, |e| {
-            count(scope, Counter::SerializationFailures);
-            e.rethrow()
-        })
-        .finally(|| WATCHING.set(false))
-        .execute()
-}
-
-/// A wait for a key lock of `scope` that lasted `micros`.
-pub fn lock_wait(scope: &str, micros: u64) {
-    count(scope, Counter::LockWaits);
-    add(scope, Counter::LockWaitMicros, micros);
-}
-
-/// The current database's oid: statistics and rounds are kept per database.
-pub fn database() -> u32 {
-    // SAFETY: reads the backend's database oid, set once at connection start.
-    unsafe { pg_sys::MyDatabaseId }.to_u32()
-}
-
-/// The clock now, as a timestamptz (microseconds since 2000-01-01).
-fn now() -> i64 {
-    // SAFETY: reads the system clock; no side effects.
-    unsafe { pg_sys::GetCurrentTimestamp() }
-}
-
-/// Whether counting is on: the library was preloaded and `idempotency.stats` is on.
-pub fn enabled() -> bool {
-    preloaded() && gucs::stats()
-}
-
-/// Whether the statistics' shared memory exists: the library was preloaded.
-pub fn preloaded() -> bool {
-    shared::attached()
-}
-
-/// Publishes the pending counts. Never raises an ERROR: it runs in the transaction-end callback.
-fn publish() {
-    if !DIRTY.replace(false) {
-        return;
-    }
-    let db = database();
-    PENDING.with_borrow_mut(|pending| {
-        for (scope, p) in pending.iter_mut() {
-            if p.counts.iter().all(|&n| n == 0) {
-                continue;
-            }
-            let slot = *p.slot.get_or_insert_with(|| shared::slot_of(db, scope));
-            shared::add_all(slot, &p.counts);
-            p.counts = [0; COUNTERS];
-        }
-        // A backend that served very many scopes (one per tenant, say) forgets their slots.
-        if pending.len() > 10_000 {
-            pending.clear();
-        }
-    });
-}
-
-#[pgrx::pg_guard]
-unsafe extern "C-unwind" fn at_transaction_end(event: pg_sys::XactEvent::Type, _arg: *mut std::ffi::c_void) {
-    use pg_sys::XactEvent::*;
-    if matches!(event, XACT_EVENT_COMMIT | XACT_EVENT_ABORT | XACT_EVENT_PREPARE) {
-        publish();
-    }
-}
-
-/// Process start: publishes the counts at each transaction's end (every backend, preloaded or not;
-/// the callback returns at once when nothing was counted).
-pub fn register_callback() {
-    // SAFETY: registers a static function once per process; it lives as long as the process.
-    unsafe { pg_sys::RegisterXactCallback(Some(at_transaction_end), std::ptr::null_mut()) };
-}
+pub use backend::database;
+pub use counters::{Counter, COUNTERS};
+pub use counting::{add, count, count_serialization_failures, enabled, lock_wait, preloaded, Tally};
+pub use shmem::init;
+pub use slots::{reset, rows, ScopeRow};
