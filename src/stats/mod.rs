@@ -34,6 +34,6 @@ mod slots;
 
 pub use backend::database;
 pub use counters::{Counter, COUNTERS};
-pub use counting::{add, count, count_serialization_failures, enabled, lock_wait, preloaded, Tally};
+pub use counting::{count, count_serialization_failures, enabled, lock_wait, preloaded, Tally};
 pub use shmem::init;
 pub use slots::{reset, rows, ScopeRow};

@@ -1,4 +1,4 @@
-//! One maintenance round: premake partitions, drop expired ones, seal past ones (see `filters`),
+//! One maintenance round: premake partitions, drop expired ones, seal past ones (see `sealing`),
 //! reclaim stuck leases.
 //! Run by the background worker and by `idem_maintenance()`.
 use super::sealing;

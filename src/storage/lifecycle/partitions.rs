@@ -221,7 +221,7 @@ pub fn ensure_covered(conn: &Conn, ts: pg_sys::TimestampTz) {
 /// it (pg_partman's default partition, `none`).
 ///
 /// The partition is locked for the insert first (ROW EXCLUSIVE, as the executor would). That
-/// lock is what closes a seal (see `filters`): a seal holds SHARE until it commits, and taking
+/// lock is what closes a seal (see `sealing`): a seal holds SHARE until it commits, and taking
 /// the lock processes the invalidation the seal sent, which makes us forget the partition and
 /// look again. It also keeps a maintenance round (one aging data with a future `as_of`) from
 /// dropping the partition before the insert; if one dropped it before, the invalidation makes us
