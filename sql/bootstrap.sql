@@ -4,6 +4,24 @@
 CREATE SCHEMA idempotency;
 REVOKE ALL ON SCHEMA idempotency FROM PUBLIC;
 
+-- The roles the functions are granted to, created when missing (they are cluster-wide: a second database's
+-- CREATE EXTENSION finds them). idempotency_consumer: what a consumer needs, nothing more.
+-- idempotency_admin: watching and steering (statistics, health, keys in flight and dead letters, redrive,
+-- forget, scope grants); it and pg_monitor read the statistics, the health snapshot and the partitions.
+-- Consumers get none of that: keys, live fencing tokens and stored errors often hold personal data, and a
+-- token lets its reader complete another consumer's lease.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'idempotency_consumer') THEN
+        CREATE ROLE idempotency_consumer NOLOGIN;
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'idempotency_admin') THEN
+        CREATE ROLE idempotency_admin NOLOGIN;
+    END IF;
+END
+$$;
+GRANT USAGE ON SCHEMA idempotency TO idempotency_admin, pg_monitor;
+
 -- Fencing tokens: global, so a key's token keeps growing even after its record was reclaimed.
 CREATE SEQUENCE idempotency.token_seq AS bigint CACHE 1;
 

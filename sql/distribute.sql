@@ -43,23 +43,8 @@ DECLARE
     held bigint;
     f regprocedure;
     f_colocation integer;
-    -- The consumer functions whose records belong to one scope, each with its scope parameter.
-    -- idem_record_offset, idem_next_offset, idem_offsets and idem_reset_offset are not among them:
-    -- offsets stay on the coordinator (see the README, "Scaling out").
-    signatures constant text[] := ARRAY[
-        'idem_claim(text, interval, text, text, boolean)',
-        'idem_complete(text, jsonb, text, bigint)',
-        'idem_fail(text, jsonb, boolean, text, bigint)',
-        'idem_heartbeat(text, interval, text, bigint)',
-        'idem_once(text, text)',
-        'idem_status(text, text)',
-        'idem_claim_batch(text[], interval, text)',
-        'idem_complete_batch(text[], jsonb[], text, bigint[])',
-        'idem_once_batch(text[], text)',
-        -- The admin's, so that a redrive or a forget through the coordinator reaches the key's worker too.
-        'idem_redrive(text, text)',
-        'idem_redrive_scope(text, timestamp with time zone, integer)',
-        'idem_forget(text, text)'];
+    -- The functions whose records belong to one scope (src/citus.rs, DELEGATED).
+    signatures constant text[] := ARRAY(SELECT idempotency.delegated_functions());
     sig text;
     funcs regprocedure[] := '{}';
 BEGIN

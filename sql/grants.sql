@@ -9,6 +9,7 @@ CREATE TABLE idempotency.scope_grants (
     granted_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
     PRIMARY KEY (role, kind, pattern)
 );
+GRANT SELECT ON idempotency.scope_grants TO idempotency_admin;
 COMMENT ON TABLE idempotency.scope_grants IS
 'Which roles may call with which scopes and consumer groups (idem_grant_scope, idem_grant_group). Enforced once a kind has a grant, or always with idempotency.require_scope_grants.';
 -- Every change, by the functions below or by hand, tells every backend to read the grants again.
@@ -45,12 +46,24 @@ COMMENT ON FUNCTION idempotency.grant_pattern(regrole, text, text, boolean) IS
 CREATE FUNCTION idem_grant_scope(role regrole, scope text) RETURNS boolean
 LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $$ SELECT idempotency.grant_pattern(role, 'scope', scope, false) $$;
+GRANT EXECUTE ON FUNCTION idem_grant_scope(regrole, text) TO idempotency_admin;
+COMMENT ON FUNCTION idem_grant_scope(regrole, text) IS
+'Lets members of role call with scope (a name, or a prefix followed by *). Once any scope is granted, a consumer without a grant gets 42501 from every call with a scope (idempotency.require_scope_grants enforces it before the first grant). True when the grant is new. For idempotency_admin.';
 CREATE FUNCTION idem_revoke_scope(role regrole, scope text) RETURNS boolean
 LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $$ SELECT idempotency.grant_pattern(role, 'scope', scope, true) $$;
+GRANT EXECUTE ON FUNCTION idem_revoke_scope(regrole, text) TO idempotency_admin;
+COMMENT ON FUNCTION idem_revoke_scope(regrole, text) IS
+'Takes back a grant of idem_grant_scope (the same role and pattern); true when there was one. For idempotency_admin.';
 CREATE FUNCTION idem_grant_group(role regrole, consumer_group text) RETURNS boolean
 LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $$ SELECT idempotency.grant_pattern(role, 'group', consumer_group, false) $$;
+GRANT EXECUTE ON FUNCTION idem_grant_group(regrole, text) TO idempotency_admin;
+COMMENT ON FUNCTION idem_grant_group(regrole, text) IS
+'Lets members of role record and read the offsets of consumer_group (a name, or a prefix followed by *). Once any group is granted, a consumer without a grant gets 42501 from the offset calls of other groups. True when the grant is new. For idempotency_admin.';
 CREATE FUNCTION idem_revoke_group(role regrole, consumer_group text) RETURNS boolean
 LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $$ SELECT idempotency.grant_pattern(role, 'group', consumer_group, true) $$;
+GRANT EXECUTE ON FUNCTION idem_revoke_group(regrole, text) TO idempotency_admin;
+COMMENT ON FUNCTION idem_revoke_group(regrole, text) IS
+'Takes back a grant of idem_grant_group (the same role and pattern); true when there was one. For idempotency_admin.';

@@ -13,6 +13,8 @@
 -- * Scope and consumer-group grants: idem_grant_scope, idem_revoke_scope, idem_grant_group,
 --   idem_revoke_group and the table idempotency.scope_grants (empty: nothing changes until the first grant).
 -- * idem_reset_offset takes generation => n, which replaces the stored generation.
+-- * idem_distribute reads the functions it delegates from idempotency.delegated_functions(), the same table
+--   as the planner hook that guards them.
 -- Nothing stored changes. Run by ALTER EXTENSION idempotency UPDATE, after PostgreSQL was restarted on the
 -- 0.6.0 library. Like the install script, this one qualifies what it calls: it runs with the extension's
 -- schema on the search path.
@@ -258,3 +260,129 @@ COMMENT ON FUNCTION idem_revoke_group(regrole, text) IS
 'Takes back a grant of idem_grant_group (the same role and pattern); true when there was one. For idempotency_admin.';
 COMMENT ON FUNCTION idempotency.scope_grants_changed() IS
 'Statement trigger of idempotency.scope_grants: every backend reads the grants again after the change commits.';
+
+CREATE FUNCTION idempotency.delegated_functions() RETURNS SETOF text
+IMMUTABLE PARALLEL SAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'delegated_functions_wrapper';
+REVOKE ALL ON FUNCTION idempotency.delegated_functions() FROM PUBLIC;
+COMMENT ON FUNCTION idempotency.delegated_functions() IS
+'The functions idem_distribute delegates to the Citus workers by their scope argument (regprocedure text), from the same table as the planner hook that guards them.';
+
+CREATE OR REPLACE FUNCTION idem_distribute(colocate_with regclass) RETURNS SETOF regprocedure
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    ext_nsp name;
+    local_group integer;
+    part_method "char";
+    rep_model "char";
+    colocation integer;
+    dist_column name;
+    dist_type regtype;
+    held bigint;
+    f regprocedure;
+    f_colocation integer;
+    -- The functions whose records belong to one scope (src/citus.rs, DELEGATED).
+    signatures constant text[] := ARRAY(SELECT idempotency.delegated_functions());
+    sig text;
+    funcs regprocedure[] := '{}';
+BEGIN
+    IF colocate_with IS NULL THEN
+        RAISE EXCEPTION 'colocate_with must not be NULL'
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+
+    -- 1. Citus, and this node its coordinator.
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_extension WHERE extname = 'citus') THEN
+        RAISE EXCEPTION 'idem_distribute needs Citus: the extension citus is not installed in this database'
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  HINT = 'On a Citus coordinator: CREATE EXTENSION citus, add the workers, distribute the '
+                         'business tables by tenant, then call idem_distribute(''<one of them>'').';
+    END IF;
+    EXECUTE 'SELECT groupid FROM pg_catalog.pg_dist_local_group' INTO local_group;
+    IF local_group IS DISTINCT FROM 0 THEN
+        RAISE EXCEPTION 'idem_distribute must run on the Citus coordinator (this node is in group %)', local_group
+            USING ERRCODE = 'object_not_in_prerequisite_state';
+    END IF;
+
+    -- 2. A hash-distributed table with one shard placement per shard (what Citus can delegate to), whose
+    -- distribution column is text or varchar: the scope is hashed as that column's value, so a tenant's
+    -- scope must be the text of its distribution value.
+    EXECUTE 'SELECT partmethod, repmodel, colocationid, column_to_column_name(logicalrelid, partkey)
+               FROM pg_catalog.pg_dist_partition WHERE logicalrelid = $1'
+       INTO part_method, rep_model, colocation, dist_column USING colocate_with;
+    IF part_method IS NULL THEN
+        RAISE EXCEPTION 'table % is not a distributed table', colocate_with
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Distribute it by its tenant column first: SELECT create_distributed_table(''<table>'', ''<tenant column>'').';
+    END IF;
+    IF part_method <> 'h' THEN
+        RAISE EXCEPTION 'table % is not hash-distributed (a reference, single-shard or append table)', colocate_with
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Colocate with a table hash-distributed by its tenant column.';
+    END IF;
+    IF rep_model <> 's' THEN
+        RAISE EXCEPTION 'table % has replicated shards: Citus delegates function calls only to tables with one placement per shard', colocate_with
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'Distribute it with citus.shard_replication_factor = 1.';
+    END IF;
+    SELECT pg_catalog.format_type(a.atttypid, NULL)::regtype INTO dist_type
+      FROM pg_catalog.pg_attribute a WHERE a.attrelid = colocate_with AND a.attname = dist_column;
+    -- A domain counts as its base type.
+    SELECT CASE WHEN t.typtype = 'd' THEN t.typbasetype::regtype ELSE t.oid::regtype END INTO dist_type
+      FROM pg_catalog.pg_type t WHERE t.oid = dist_type;
+    IF dist_type NOT IN ('text'::regtype, 'character varying'::regtype) THEN
+        RAISE EXCEPTION 'table % is distributed by column % of type %, not text or varchar', colocate_with, dist_column, dist_type
+            USING ERRCODE = 'invalid_parameter_value',
+                  DETAIL = 'The scope argument is hashed as a value of the distribution column: it must be the tenant''s value as text.',
+                  HINT = 'Colocate with a table distributed by a text or varchar tenant column.';
+    END IF;
+
+    -- 3. The coordinator must hold no shard of the group (calls for those scopes would run on the
+    -- coordinator itself, which the guard below refuses) and no records (keys written before the scale-out:
+    -- no delegated call would consult them).
+    EXECUTE 'SELECT count(*) FROM pg_catalog.pg_dist_placement p JOIN pg_catalog.pg_dist_shard s USING (shardid)
+              WHERE s.logicalrelid = $1 AND p.groupid = 0' INTO held USING colocate_with;
+    IF held > 0 THEN
+        RAISE EXCEPTION 'the coordinator holds % shards of %', held, colocate_with
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  DETAIL = 'Calls for their scopes would run on the coordinator, whose record table refuses rows once the functions are delegated.',
+                  HINT = 'Move them to workers (citus_drain_node on the coordinator, after citus_set_node_property(..., ''shouldhaveshards'', false)).';
+    END IF;
+    IF EXISTS (SELECT FROM idempotency.records) THEN
+        RAISE EXCEPTION 'the coordinator''s idempotency.records holds keys'
+            USING ERRCODE = 'object_not_in_prerequisite_state',
+                  DETAIL = 'Once the functions are delegated to the workers, no call consults the coordinator''s records: a redelivered message whose key is there would be processed again.',
+                  HINT = 'Wait until retention dropped them (or delete them if they no longer matter), or copy each scope''s records to the worker that holds its shard, then call idem_distribute again.';
+    END IF;
+
+    -- 4. The functions, and none already delegated with another colocation group (the scopes would move
+    -- to other nodes, away from their records).
+    SELECT e.extnamespace::regnamespace::name INTO ext_nsp
+      FROM pg_catalog.pg_extension e WHERE e.extname = 'idempotency';
+    FOREACH sig IN ARRAY signatures LOOP
+        f := pg_catalog.format('%I.%s', ext_nsp, sig)::regprocedure;
+        EXECUTE 'SELECT colocationid FROM pg_catalog.pg_dist_object
+                  WHERE classid = ''pg_catalog.pg_proc''::regclass AND objid = $1' INTO f_colocation USING f;
+        IF f_colocation IS NOT NULL AND f_colocation <> colocation THEN
+            RAISE EXCEPTION '% is already delegated with colocation group %, not % (the group of %)',
+                            f, f_colocation, colocation, colocate_with
+                USING ERRCODE = 'object_not_in_prerequisite_state',
+                      DETAIL = 'Delegating it with another group sends each scope to other nodes, away from the records written so far.';
+        END IF;
+        funcs := funcs || f;
+    END LOOP;
+
+    -- 5. Everything checked: register. An error from Citus rolls all of it back with the caller's transaction.
+    FOREACH f IN ARRAY funcs LOOP
+        EXECUTE 'SELECT create_distributed_function($1, $2, colocate_with := $3, force_delegation := true)'
+          USING f, 'scope', colocate_with::text;
+        RETURN NEXT f;
+    END LOOP;
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger
+                    WHERE tgrelid = 'idempotency.records'::regclass AND tgname = 'idem_refuse_undelegated') THEN
+        CREATE TRIGGER idem_refuse_undelegated BEFORE INSERT ON idempotency.records
+            FOR EACH ROW EXECUTE FUNCTION idempotency.refuse_undelegated();
+    END IF;
+END
+$$;

@@ -27,6 +27,9 @@ SELECT s.scope,
        s.counts[17] AS heartbeats,
        s.stats_reset
   FROM idempotency.scope_stats() s;
+GRANT SELECT ON idempotency.stats TO idempotency_admin, pg_monitor;
+COMMENT ON VIEW idempotency.stats IS
+'Cumulative counters per scope of this database since stats_reset (shared memory; needs shared_preload_libraries). Counted when the calling transaction ends, committed or not. scope NULL: the scopes beyond idempotency.stats_max_scopes. claims = claimed_new + takeovers + retries + answered_*.';
 
 CREATE FUNCTION idem_stats()
 RETURNS TABLE (claims bigint, claimed_new bigint, takeovers bigint, retries bigint,
@@ -42,6 +45,9 @@ SELECT t.counts[1], t.counts[2], t.counts[3], t.counts[4], t.counts[5], t.counts
        t.scopes, t.enabled, t.stats_reset
   FROM idempotency.stats_totals() t
 $$;
+GRANT EXECUTE ON FUNCTION idem_stats() TO idempotency_admin, pg_monitor;
+COMMENT ON FUNCTION idem_stats() IS
+'The counters of idempotency.stats added up over all scopes of this database, with the number of scopes, whether counting is on (library preloaded and idempotency.stats on) and the oldest stats_reset.';
 
 -- Keys that are pending: held by a live lease, with an ended lease nobody took over yet, or released
 -- by a retryable failure. Pending rows always have expires_at, so the expires_at index finds them
@@ -60,6 +66,9 @@ SELECT r.scope,
        pg_catalog.clock_timestamp() - r.created_at AS age
   FROM idempotency.records r
  WHERE r.expires_at IS NOT NULL AND r.status = 'pending';
+GRANT SELECT ON idempotency.in_flight TO idempotency_admin;
+COMMENT ON VIEW idempotency.in_flight IS
+'Pending keys: state leased (live lease), expired (lease ended, not taken over yet) or released (a retryable failure, waiting for the next claim); age = now - created_at.';
 
 -- Terminal failures: idem_fail(retryable => false), retryable failures past idempotency.max_attempts,
 -- and poison messages (error = {"error": "max_attempts_exceeded", ...}).
@@ -72,6 +81,9 @@ SELECT r.scope,
        r.updated_at AS failed_at
   FROM idempotency.records r
  WHERE r.status = 'failed';
+GRANT SELECT ON idempotency.dead_letters TO idempotency_admin;
+COMMENT ON VIEW idempotency.dead_letters IS
+'Terminal failures with their stored error: idem_fail(retryable => false), retries past idempotency.max_attempts, poison messages. idem_redrive makes them claimable again.';
 
 -- A health snapshot, computed now: one row per scope that has records (one row with scope NULL when
 -- none has), the database-wide figures repeated on each. Reads every retained record once.
@@ -120,3 +132,6 @@ SELECT k.scope,
   LEFT JOIN k ON true
  ORDER BY k.scope
 $$;
+GRANT EXECUTE ON FUNCTION idem_metrics() TO idempotency_admin, pg_monitor;
+COMMENT ON FUNCTION idem_metrics() IS
+'Health snapshot computed now, one row per scope: retained, completed, in flight, oldest in flight, expired leases, awaiting retry, dead letters; and for the database: partitions, premade_ahead, the maintenance rounds (needs the library preloaded), worker_running. Reads every retained record.';

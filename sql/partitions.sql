@@ -24,4 +24,5 @@ SELECT c.oid::pg_catalog.regclass                             AS partition,
  WHERE i.inhparent OPERATOR(pg_catalog.=) 'idempotency.records'::pg_catalog.regclass::pg_catalog.oid
  ORDER BY b.range_from NULLS LAST;
 
+GRANT SELECT ON idempotency.partitions TO idempotency_admin, pg_monitor;
 COMMENT ON VIEW idempotency.partitions IS 'Partitions of idempotency.records: range, estimated rows, size, when retention drops each, and when it was sealed (no new rows) with its filter''s size.';

@@ -16,22 +16,31 @@ use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::ffi::{c_char, c_int, CStr};
 
-/// The functions Citus delegates by scope (what `idem_distribute` registers): name, number of
-/// arguments, position of `scope` (0-based).
-const SCOPED: [(&str, usize, usize); 12] = [
-    ("idem_claim", 5, 2),
-    ("idem_complete", 4, 2),
-    ("idem_fail", 5, 3),
-    ("idem_heartbeat", 4, 2),
-    ("idem_once", 2, 1),
-    ("idem_status", 2, 1),
-    ("idem_claim_batch", 3, 2),
-    ("idem_complete_batch", 4, 2),
-    ("idem_once_batch", 2, 1),
-    ("idem_redrive", 2, 1),
-    ("idem_redrive_scope", 3, 0),
-    ("idem_forget", 2, 1),
+/// The functions Citus delegates by scope, each with the position of its `scope` argument (0-based):
+/// what `idem_distribute` registers (it reads them through `idempotency.delegated_functions()`) and
+/// what the planner hook guards. idem_record_offset, idem_next_offset, idem_offsets and
+/// idem_reset_offset are not among them: offsets stay on the coordinator (docs/scaling-out.md). The
+/// admin's redrive and forget are, so that they reach the key's worker through the coordinator too.
+pub const DELEGATED: [(&str, usize); 12] = [
+    ("idem_claim(text, interval, text, text, boolean)", 2),
+    ("idem_complete(text, jsonb, text, bigint)", 2),
+    ("idem_fail(text, jsonb, boolean, text, bigint)", 3),
+    ("idem_heartbeat(text, interval, text, bigint)", 2),
+    ("idem_once(text, text)", 1),
+    ("idem_status(text, text)", 1),
+    ("idem_claim_batch(text[], interval, text)", 2),
+    ("idem_complete_batch(text[], jsonb[], text, bigint[])", 2),
+    ("idem_once_batch(text[], text)", 1),
+    ("idem_redrive(text, text)", 1),
+    ("idem_redrive_scope(text, timestamp with time zone, integer)", 0),
+    ("idem_forget(text, text)", 1),
 ];
+
+/// A delegated function's name and number of arguments, from its signature.
+fn name_and_arity(signature: &str) -> (&str, usize) {
+    let (name, args) = signature.split_once('(').expect("a signature");
+    (name, if args == ")" { 0 } else { args.matches(',').count() + 1 })
+}
 
 static mut PREV_PLANNER: pg_sys::planner_hook_type = None;
 
@@ -129,7 +138,12 @@ unsafe fn check_call(node: *mut pg_sys::Node, params: pg_sys::ParamListInfo) {
     }
     // SAFETY: get_func_name returns a palloc'd NUL-terminated name.
     let name = unsafe { CStr::from_ptr(name) }.to_str().unwrap_or("");
-    let Some(&(_, nargs, scope_at)) = SCOPED.iter().find(|(n, _, _)| *n == name) else { return };
+    let Some((nargs, scope_at)) = DELEGATED.iter().find_map(|&(signature, scope_at)| {
+        let (delegated, nargs) = name_and_arity(signature);
+        (delegated == name).then_some((nargs, scope_at))
+    }) else {
+        return;
+    };
     // SAFETY: a syscache lookup of an existing function.
     if unsafe { pg_sys::get_func_nargs(funcid) } as usize != nargs {
         return;

@@ -5,6 +5,16 @@ use crate::gucs;
 use crate::storage;
 use pgrx::prelude::*;
 
+pgrx::extension_sql!(
+    r#"
+GRANT EXECUTE ON FUNCTION idem_redrive(text, text) TO idempotency_admin;
+COMMENT ON FUNCTION idem_redrive(text, text) IS
+'Makes a failed (dead-letter) key claimable again: released, attempts counted from zero, error kept. False when the key is not failed; P0002 when unknown. Takes the key lock. For idempotency_admin.';
+"#,
+    name = "idem_redrive_surface",
+    requires = [idem_redrive]
+);
+
 /// Makes a terminally failed key claimable again (its next claim is attempt 1); false when the key is
 /// not failed. P0002 for an unknown key.
 #[pg_extern(volatile, parallel_unsafe)]
@@ -12,6 +22,16 @@ fn idem_redrive(key: Option<&str>, scope: default!(Option<&str>, "'default'")) -
     args::writable("idem_redrive");
     storage::redrive(args::key(key, scope))
 }
+
+pgrx::extension_sql!(
+    r#"
+GRANT EXECUTE ON FUNCTION idem_redrive_scope(text, timestamptz, integer) TO idempotency_admin;
+COMMENT ON FUNCTION idem_redrive_scope(text, timestamptz, integer) IS
+'Redrives up to max_keys failed keys of a scope (failed since failed_since, when given), in key order; returns how many. Call again until 0. Holds each key''s lock until commit. For idempotency_admin.';
+"#,
+    name = "idem_redrive_scope_surface",
+    requires = [idem_redrive_scope]
+);
 
 /// Redrives up to `max_keys` failed keys of a scope, those failed since `failed_since` when given;
 /// returns how many. Call again until it returns 0.
@@ -32,6 +52,16 @@ fn idem_redrive_scope(
     }
     storage::redrive_scope(scope, failed_since.map(|t| t.into_inner()), max_keys)
 }
+
+pgrx::extension_sql!(
+    r#"
+GRANT EXECUTE ON FUNCTION idem_forget(text, text) TO idempotency_admin;
+COMMENT ON FUNCTION idem_forget(text, text) IS
+'Deletes a key''s record whatever its state, so that it is processed again from scratch; false when unknown. A holder of its lease then gets P0002. Takes the key lock. For idempotency_admin.';
+"#,
+    name = "idem_forget_surface",
+    requires = [idem_forget]
+);
 
 /// Removes a key's record, whatever its state (a lease holder then gets P0002); false when unknown.
 #[pg_extern(volatile, parallel_unsafe)]

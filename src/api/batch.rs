@@ -26,6 +26,16 @@ fn same_length(name: &str, len: usize, keys: usize) {
     }
 }
 
+pgrx::extension_sql!(
+    r#"
+GRANT EXECUTE ON FUNCTION idem_claim_batch(text[], interval, text) TO idempotency_consumer;
+COMMENT ON FUNCTION idem_claim_batch(text[], interval, text) IS
+'Claims many keys of one scope in one call (one broker poll); one row per input key, in input order, with the same outcomes as idem_claim. Keys are locked in sorted order.';
+"#,
+    name = "idem_claim_batch_surface",
+    requires = [idem_claim_batch]
+);
+
 #[pg_extern(volatile, parallel_unsafe)]
 fn idem_claim_batch<'a>(
     keys: Option<Array<'a, &'a str>>,
@@ -59,6 +69,16 @@ fn idem_claim_batch<'a>(
     TableIterator::new(rows)
 }
 
+pgrx::extension_sql!(
+    r#"
+GRANT EXECUTE ON FUNCTION idem_complete_batch(text[], jsonb[], text, bigint[]) TO idempotency_consumer;
+COMMENT ON FUNCTION idem_complete_batch(text[], jsonb[], text, bigint[]) IS
+'Completes many claimed keys; payloads and tokens, when given, pair with keys by position. All or nothing; returns the number completed.';
+"#,
+    name = "idem_complete_batch_surface",
+    requires = [idem_complete_batch]
+);
+
 #[pg_extern(volatile, parallel_unsafe)]
 fn idem_complete_batch<'a>(
     keys: Option<Array<'a, &'a str>>,
@@ -90,6 +110,16 @@ fn idem_complete_batch<'a>(
     };
     storage::complete_batch(scope, &keys, payloads.as_ref(), &tokens) as i32
 }
+
+pgrx::extension_sql!(
+    r#"
+GRANT EXECUTE ON FUNCTION idem_once_batch(text[], text) TO idempotency_consumer;
+COMMENT ON FUNCTION idem_once_batch(text[], text) IS
+'The keys of the batch seen for the first time over all committed transactions, each once, in input order; records them as completed.';
+"#,
+    name = "idem_once_batch_surface",
+    requires = [idem_once_batch]
+);
 
 #[pg_extern(volatile, parallel_unsafe)]
 fn idem_once_batch<'a>(

@@ -21,6 +21,15 @@ pub fn authorize(kind: GrantKind, name: &str) {
 mod idempotency {
     use pgrx::prelude::*;
 
+    pgrx::extension_sql!(
+        r#"
+COMMENT ON FUNCTION idempotency.scope_grants_changed() IS
+'Statement trigger of idempotency.scope_grants: every backend reads the grants again after the change commits.';
+    "#,
+        name = "scope_grants_changed_surface",
+        requires = [scope_grants_changed]
+    );
+
     /// Statement trigger of `idempotency.scope_grants`: every backend reads the grants again once the
     /// changing transaction commits.
     #[pg_trigger]

@@ -14,6 +14,16 @@ fn ts(value: pg_sys::TimestampTz) -> Ts {
     Ts::try_from(value).expect("valid timestamp")
 }
 
+pgrx::extension_sql!(
+    r#"
+GRANT EXECUTE ON FUNCTION idem_claim(text, interval, text, text, boolean) TO idempotency_consumer;
+COMMENT ON FUNCTION idem_claim(text, interval, text, text, boolean) IS
+'Claims (scope, key) for processing. outcome: claimed (you own it; token is your fencing token), completed (payload replays the stored result), in_progress (another holder''s lease is live), failed (terminal; payload is the stored error), mismatch (same key, different fingerprint). ttl NULL = idempotency.lease_ttl.';
+"#,
+    name = "idem_claim_surface",
+    requires = [idem_claim]
+);
+
 #[pg_extern(volatile, parallel_unsafe)]
 fn idem_claim(
     key: Option<&str>,
@@ -46,6 +56,16 @@ fn idem_claim(
     ))
 }
 
+pgrx::extension_sql!(
+    r#"
+GRANT EXECUTE ON FUNCTION idem_complete(text, jsonb, text, bigint) TO idempotency_consumer;
+COMMENT ON FUNCTION idem_complete(text, jsonb, text, bigint) IS
+'Marks a claimed key completed and stores payload for replay. token may be NULL only in the transaction that claimed. Errors: P0002 unknown key, 55000 already terminal, 55006 lease lost.';
+"#,
+    name = "idem_complete_surface",
+    requires = [idem_complete]
+);
+
 #[pg_extern(volatile, parallel_unsafe)]
 fn idem_complete(
     key: Option<&str>,
@@ -59,6 +79,16 @@ fn idem_complete(
     let token = args::token(token);
     storage::complete(k, payload, token);
 }
+
+pgrx::extension_sql!(
+    r#"
+GRANT EXECUTE ON FUNCTION idem_fail(text, jsonb, boolean, text, bigint) TO idempotency_consumer;
+COMMENT ON FUNCTION idem_fail(text, jsonb, boolean, text, bigint) IS
+'Records a failed attempt. retryable: releases the key for another claim and returns released, or returns failed once idempotency.max_attempts is reached. Not retryable: terminal at once, returns failed.';
+"#,
+    name = "idem_fail_surface",
+    requires = [idem_fail]
+);
 
 #[pg_extern(volatile, parallel_unsafe)]
 fn idem_fail(
@@ -76,6 +106,16 @@ fn idem_fail(
     storage::fail(k, error, retryable, token).to_string()
 }
 
+pgrx::extension_sql!(
+    r#"
+GRANT EXECUTE ON FUNCTION idem_heartbeat(text, interval, text, bigint) TO idempotency_consumer;
+COMMENT ON FUNCTION idem_heartbeat(text, interval, text, bigint) IS
+'Extends the caller''s lease to now + ttl and returns the new expires_at. 55006 if the lease was lost.';
+"#,
+    name = "idem_heartbeat_surface",
+    requires = [idem_heartbeat]
+);
+
 #[pg_extern(volatile, parallel_unsafe)]
 fn idem_heartbeat(
     key: Option<&str>,
@@ -90,11 +130,31 @@ fn idem_heartbeat(
     ts(storage::heartbeat(k, ttl, token))
 }
 
+pgrx::extension_sql!(
+    r#"
+GRANT EXECUTE ON FUNCTION idem_once(text, text) TO idempotency_consumer;
+COMMENT ON FUNCTION idem_once(text, text) IS
+'True exactly once per (scope, key) over all committed transactions; records the key as completed in the caller''s transaction.';
+"#,
+    name = "idem_once_surface",
+    requires = [idem_once]
+);
+
 #[pg_extern(volatile, parallel_unsafe)]
 fn idem_once(key: Option<&str>, scope: default!(Option<&str>, "'default'")) -> bool {
     args::writable("idem_once");
     storage::once(args::scoped_key(key, scope))
 }
+
+pgrx::extension_sql!(
+    r#"
+GRANT EXECUTE ON FUNCTION idem_status(text, text) TO idempotency_consumer;
+COMMENT ON FUNCTION idem_status(text, text) IS
+'The stored record of (scope, key): status, attempts, token, payload, error and timestamps; no row if unknown.';
+"#,
+    name = "idem_status_surface",
+    requires = [idem_status]
+);
 
 #[pg_extern(volatile, parallel_unsafe)]
 fn idem_status(

@@ -6,6 +6,15 @@ use crate::stats;
 use crate::storage;
 use pgrx::prelude::*;
 
+pgrx::extension_sql!(
+    r#"
+COMMENT ON FUNCTION idem_maintenance(timestamptz) IS
+'One maintenance round as of as_of: premake partitions, drop those older than idempotency.retention, reclaim leases expired longer than idempotency.reclaim_after. What the background worker runs; call it from cron when the library cannot be preloaded.';
+"#,
+    name = "idem_maintenance_surface",
+    requires = [idem_maintenance]
+);
+
 /// One maintenance round as of `as_of` (a future `as_of` ages the data without waiting).
 /// Waits for a round already running on this database (the worker's, say) to finish first.
 #[pg_extern(volatile, parallel_unsafe)]
@@ -27,6 +36,15 @@ fn idem_maintenance(
         .expect("waited for the maintenance lock");
     TableIterator::once((r.created, r.dropped, r.deferred, r.reclaimed))
 }
+
+pgrx::extension_sql!(
+    r#"
+COMMENT ON FUNCTION idem_partman_handover() IS
+'Registers idempotency.records with pg_partman (create_parent, retention and premake from the GUCs). Set idempotency.partition_manager = pg_partman first.';
+"#,
+    name = "idem_partman_handover_surface",
+    requires = [idem_partman_handover]
+);
 
 /// Registers `idempotency.records` with pg_partman (4.x or 5.x), so that its `run_maintenance()`
 /// premakes and drops partitions from now on, with the premake and retention of the GUCs.

@@ -42,6 +42,16 @@ fn notice_not_preloaded() {
 mod idempotency {
     use super::*;
 
+    pgrx::extension_sql!(
+        r#"
+GRANT EXECUTE ON FUNCTION idempotency.scope_stats() TO idempotency_admin, pg_monitor;
+COMMENT ON FUNCTION idempotency.scope_stats() IS
+'The counters behind idempotency.stats, per scope, in the order of its columns (lock waits in microseconds).';
+    "#,
+        name = "scope_stats_surface",
+        requires = [scope_stats]
+    );
+
     /// The counters of each scope of this database (see `idempotency.stats`).
     #[pg_extern(volatile, parallel_safe)]
     fn scope_stats() -> TableIterator<
@@ -50,6 +60,16 @@ mod idempotency {
     > {
         TableIterator::new(scope_rows().into_iter().map(|r| (r.scope, counts(&r.counts), ts(r.reset_at))))
     }
+
+    pgrx::extension_sql!(
+        r#"
+GRANT EXECUTE ON FUNCTION idempotency.maintenance_state() TO idempotency_admin, pg_monitor;
+COMMENT ON FUNCTION idempotency.maintenance_state() IS
+'The last maintenance round of this database since the server started (worker or idem_maintenance()), how many ran and failed, the last error. Empty without the library preloaded.';
+    "#,
+        name = "maintenance_state_surface",
+        requires = [maintenance_state]
+    );
 
     /// The current database's maintenance rounds since the server started (none before the first,
     /// or without the library preloaded).
@@ -77,6 +97,16 @@ mod idempotency {
         }))
     }
 
+    pgrx::extension_sql!(
+        r#"
+GRANT EXECUTE ON FUNCTION idempotency.stats_totals() TO idempotency_admin, pg_monitor;
+COMMENT ON FUNCTION idempotency.stats_totals() IS
+'The counters behind idem_stats(), added up over the scopes of this database.';
+    "#,
+        name = "stats_totals_surface",
+        requires = [stats_totals]
+    );
+
     /// The totals over all scopes of this database: the counters in the order of [`stats::Counter`], how
     /// many scopes, whether counting is on, and the oldest reset.
     #[pg_extern(volatile, parallel_safe)]
@@ -95,6 +125,16 @@ mod idempotency {
         TableIterator::once((counts(&total), rows.len() as i64, stats::enabled(), ts(oldest)))
     }
 }
+
+pgrx::extension_sql!(
+    r#"
+GRANT EXECUTE ON FUNCTION idem_stats_reset(text) TO idempotency_admin;
+COMMENT ON FUNCTION idem_stats_reset(text) IS
+'Zeroes the counters of one scope, or of all scopes of this database (NULL); returns the time of the reset. For idempotency_admin.';
+"#,
+    name = "idem_stats_reset_surface",
+    requires = [idem_stats_reset]
+);
 
 /// Zeroes the counters of one scope, or of every scope of this database; returns the reset's time.
 /// Without the library preloaded there is nothing to reset: a NOTICE says so, as the view does.
