@@ -1,10 +1,14 @@
-"""What the sync and asyncio forms share: SQL text, argument conversion, outcome mapping, failure policy."""
+"""What the sync and asyncio forms share: SQL text, argument conversion, outcome mapping, failure policy,
+BatchItem."""
 from __future__ import annotations
 
 import datetime as _dt
 import random
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional, Tuple, Type, Union
+
+from psycopg.types.json import Jsonb
 
 from .errors import Failed, InProgress, LeaseLost, Mismatch, TerminalError, RETRY_SQLSTATES
 
@@ -24,6 +28,11 @@ OFFSETS_SQL = "SELECT topic, partition, next_offset, generation, updated_at FROM
 
 ISOLATION_LEVELS = {"read committed": "READ COMMITTED", "repeatable read": "REPEATABLE READ",
                     "serializable": "SERIALIZABLE"}
+
+
+def jsonb(value):
+    """A JSON argument: None stays SQL NULL."""
+    return None if value is None else Jsonb(value)
 
 
 def interval(ttl: TTL) -> Optional[_dt.timedelta]:
@@ -140,3 +149,31 @@ def heartbeat_interval(ttl: TTL, heartbeat: Optional[float]) -> float:
     if heartbeat is not None:
         return float(heartbeat)
     return max(0.05, seconds(ttl, 300.0) / 3.0)
+
+
+@dataclass
+class BatchItem:
+    """What process_batch did with one item. outcome: ``processed`` (the handler ran, result stored),
+    ``replayed`` (completed before: ``result`` is the stored payload), ``failed`` (terminal: stored before,
+    or the handler raised a terminal error now; ``error`` is the stored error: dead-letter it), or
+    ``duplicate`` (the same key earlier in this batch)."""
+
+    item: Any
+    key: str
+    outcome: str
+    result: Any = None
+    error: Any = None
+
+    @property
+    def replayed(self) -> bool:
+        return self.outcome == "replayed"
+
+
+def last_offsets(items, position) -> "OrderedDict[Tuple[str, int], int]":
+    """{(topic, partition): the largest offset} over the items, ``position(item) -> (topic, partition, offset)``."""
+    last: "OrderedDict[Tuple[str, int], int]" = OrderedDict()
+    for it in items:
+        topic, partition, offset = position(it)
+        if (topic, partition) not in last or offset > last[(topic, partition)]:
+            last[(topic, partition)] = offset
+    return last

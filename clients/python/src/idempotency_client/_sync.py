@@ -1,33 +1,35 @@
-"""The synchronous (psycopg.Connection) API. See the package README for the whole story."""
+# GENERATED FILE, DO NOT EDIT: written by clients/python/tools/gen_sync.py (unasync) from _async.py, the source
+# of the synchronous and the asyncio helpers. Edit _async.py (or _sync_backend.py, for what only the synchronous
+# form has), then run clients/python/tools/gen_sync.py; clients/python/test fails while this file is stale.
+"""The helpers, written once: _async.py (psycopg.AsyncConnection, the asyncio form, exported by
+idempotency_client.aio) is the source, and _sync.py (psycopg.Connection, exported by the package's top level) is
+generated from it by tools/gen_sync.py with unasync (``async`` / ``await`` dropped, ``AsyncConnection`` ->
+``Connection``, _async_backend -> _sync_backend). What differs besides lives in _async_backend (asyncio.sleep,
+heartbeats in a task) and _sync_backend (time.sleep, heartbeats in a thread). The docstrings are the same in
+both and use the synchronous spelling (``with``, ``handler(conn, ...)``); in the asyncio form read ``async
+with``, ``await`` and ``async def`` handlers and callbacks. See the package README for the whole story.
+"""
 from __future__ import annotations
 
 import functools
 import logging
 import sys
-import threading
-import time
-from collections import OrderedDict
-from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import psycopg
 from psycopg.conninfo import make_conninfo
 from psycopg.pq import TransactionStatus
-from psycopg.types.json import Jsonb
 
 from . import _core
-from ._core import TTL, FailurePolicy
-from .errors import DEFAULT_RETRIES, Fenced, InProgress, LeaseLost, is_transient
+from ._sync_backend import HEARTBEAT_KEEPS, Heartbeats, sleep
+from ._core import TTL, BatchItem, FailurePolicy, jsonb as _jsonb
+from .errors import DEFAULT_RETRIES, Fenced, LeaseLost, is_transient
 
 logger = logging.getLogger("idempotency_client")
 
 __all__ = ["IdempotentCall", "idempotent_call", "idempotent", "Lease", "lease", "retry", "run_transaction",
            "BatchItem", "process_batch", "claim_batch", "complete_batch", "record_offset", "next_offset",
            "offsets"]
-
-
-def _jsonb(value):
-    return None if value is None else Jsonb(value)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -39,7 +41,7 @@ class IdempotentCall:
 
     ::
 
-        with idempotent_call(conn, key, scope="orders") as call:
+        with idempotent_call(conn, key, scope="orders") as call:       # asyncio: async with
             if not call.replayed:
                 call.result = place_order(conn, order)      # the business writes, same transaction
         result, replayed = call.result, call.replayed
@@ -90,9 +92,9 @@ class IdempotentCall:
         try:
             if self.isolation_sql and self.owns_transaction:
                 conn.execute(self.isolation_sql)
-            row = conn.execute(_core.CLAIM_SQL, (self.key, _core.interval(self.ttl), self.scope, self.fingerprint,
-                                                 self.wait)).fetchone()
-            self.outcome, self.token, self.attempts, payload, self.expires_at = row
+            cur = conn.execute(_core.CLAIM_SQL, (self.key, _core.interval(self.ttl), self.scope,
+                                                       self.fingerprint, self.wait))
+            self.outcome, self.token, self.attempts, payload, self.expires_at = cur.fetchone()
             err = _core.outcome_error(self.outcome, self.key, self.scope, self.attempts, payload, self.expires_at)
             if err is not None:
                 raise err
@@ -134,8 +136,9 @@ class IdempotentCall:
             self._tx.__exit__(exc_type, exc, tb)
             return False
         try:
-            (self.failure,) = conn.execute(_core.FAIL_SQL, (
-                self.key, _jsonb(self.policy.payload(exc)), self.policy.is_retryable(exc), self.scope, None)).fetchone()
+            cur = conn.execute(_core.FAIL_SQL, (self.key, _jsonb(self.policy.payload(exc)),
+                                                      self.policy.is_retryable(exc), self.scope, None))
+            (self.failure,) = cur.fetchone()
         except BaseException:
             self._tx.__exit__(*sys.exc_info())
             raise
@@ -147,14 +150,16 @@ class IdempotentCall:
 
 
 def idempotent_call(conn, key, **options) -> IdempotentCall:
-    """``with idempotent_call(conn, key, scope=..., ...) as call:`` -- see IdempotentCall."""
+    """``with idempotent_call(conn, key, scope=..., ...) as call:`` (asyncio: ``async with``) -- see
+    IdempotentCall."""
     return IdempotentCall(conn, key, **options)
 
 
 def idempotent(scope: str = "default", *, key: Optional[Callable[..., str]] = None,
                fingerprint: Optional[Callable[..., Optional[str]]] = None, retries: int = DEFAULT_RETRIES,
                backoff: float = 0.05, **options):
-    """Decorator for ``handler(conn, *args, **kwargs) -> JSON result``, run at most once per key.
+    """Decorator for ``handler(conn, *args, **kwargs) -> JSON result`` (asyncio: an ``async def`` handler),
+    run at most once per key.
 
     The decorated function is called ``f(conn, key, *args, **kwargs)`` (or ``f(conn, *args, **kwargs)``
     when ``key=`` derives the key from the arguments) and returns ``(result, replayed)``: the handler's
@@ -197,10 +202,10 @@ def idempotent(scope: str = "default", *, key: Optional[Callable[..., str]] = No
 
 
 def retry(fn: Callable[[], Any], *, attempts: int = 5, backoff: float = 0.05, conn=None):
-    """Calls ``fn()`` (which runs one whole transaction) until it does not raise 40001 / 40P01, at most
-    ``attempts`` times, sleeping with exponential backoff between; the last error is raised unchanged.
-    With ``conn``, an error that leaves a transaction open on it (the caller's: it cannot be re-run from
-    here) is raised at once. Nothing else is retried: LeaseLost, Fenced and outcome errors propagate."""
+    """Calls ``fn()`` (which runs one whole transaction; asyncio: awaits it) until it does not raise 40001 /
+    40P01, at most ``attempts`` times, sleeping with exponential backoff between; the last error is raised
+    unchanged. With ``conn``, an error that leaves a transaction open on it (the caller's: it cannot be re-run
+    from here) is raised at once. Nothing else is retried: LeaseLost, Fenced and outcome errors propagate."""
     for attempt in range(attempts):
         try:
             return fn()
@@ -209,12 +214,12 @@ def retry(fn: Callable[[], Any], *, attempts: int = 5, backoff: float = 0.05, co
                 raise
             if conn is not None and conn.info.transaction_status != TransactionStatus.IDLE:
                 raise
-            time.sleep(_core.backoff_delay(attempt, backoff))
+            sleep(_core.backoff_delay(attempt, backoff))
     raise AssertionError("unreachable")
 
 
-def run_transaction(conn: psycopg.Connection, fn: Callable[[psycopg.Connection], Any], *, attempts: int = 5,
-                    isolation: Optional[str] = None, backoff: float = 0.05):
+def run_transaction(conn: psycopg.Connection, fn: Callable[[psycopg.Connection], Any], *,
+                          attempts: int = 5, isolation: Optional[str] = None, backoff: float = 0.05):
     """Runs ``fn(conn)`` in a transaction of its own (BEGIN [ISOLATION LEVEL] ... COMMIT), re-running it on
     40001 / 40P01 (see retry). ``conn`` must be idle."""
     if conn.info.transaction_status != TransactionStatus.IDLE:
@@ -236,12 +241,12 @@ def run_transaction(conn: psycopg.Connection, fn: Callable[[psycopg.Connection],
 
 class Lease:
     """Context manager for work outside the database: claim and COMMIT a lease with a fencing token, keep it
-    alive with heartbeats from a background thread while the body runs, then complete (or fail) with the
-    token in a transaction of its own.
+    alive with heartbeats from a background thread (asyncio: a task) while the body runs, then complete (or
+    fail) with the token in a transaction of its own.
 
     ::
 
-        with lease(conn, key, ttl=30) as l:
+        with lease(conn, key, ttl=30) as l:                              # asyncio: async with
             if not l.replayed:
                 l.result = provider.charge(order, idempotency_key=key)   # outside the database
         # completed with l.result (or, given l.complete(result, write=fn), fn(conn) in the same transaction)
@@ -282,8 +287,7 @@ class Lease:
         self.heartbeat_error: Optional[BaseException] = None
         self._lost: Optional[LeaseLost] = None
         self._hb_conn, self._own_hb_conn = heartbeat_conn, False
-        self._stop = threading.Event()
-        self._thread: Optional[threading.Thread] = None
+        self._heartbeats: Optional[Heartbeats] = None
         self._settled = False
 
     # ---- claim
@@ -292,8 +296,13 @@ class Lease:
         conn = self.conn
         if conn.info.transaction_status != TransactionStatus.IDLE:
             raise ValueError("lease needs an idle connection: its claim must commit before the work")
-        row = self._transaction(lambda: conn.execute(_core.CLAIM_SQL, (
-            self.key, _core.interval(self.ttl), self.scope, self.fingerprint, self.wait)).fetchone())
+
+        def claim():
+            cur = conn.execute(_core.CLAIM_SQL, (self.key, _core.interval(self.ttl), self.scope,
+                                                       self.fingerprint, self.wait))
+            return cur.fetchone()
+
+        row = self._transaction(claim)
         self.outcome, self.token, self.attempts, payload, self.expires_at = row
         err = _core.outcome_error(self.outcome, self.key, self.scope, self.attempts, payload, self.expires_at)
         if err is not None:
@@ -305,14 +314,13 @@ class Lease:
             try:
                 if self._hb_conn is None:
                     info = conn.info
-                    self._hb_conn = psycopg.connect(make_conninfo(info.dsn, password=info.password or None),
-                                                    autocommit=True)
+                    self._hb_conn = psycopg.Connection.connect(
+                        make_conninfo(info.dsn, password=info.password or None), autocommit=True)
                     self._own_hb_conn = True
             except BaseException:
                 self._release_after_error(*sys.exc_info())
                 raise
-            self._thread = threading.Thread(target=self._beat_loop, name=f"idem-heartbeat-{self.key}", daemon=True)
-            self._thread.start()
+            self._heartbeats = Heartbeats(self._beat, self.interval, name=f"idem-heartbeat-{self.key}")
         return self
 
     def _transaction(self, fn):
@@ -327,25 +335,27 @@ class Lease:
 
     # ---- heartbeats
 
-    def _beat_loop(self):
-        while not self._stop.wait(self.interval):
-            try:
-                with self._hb_conn.transaction():
-                    (self.expires_at,) = self._hb_conn.execute(
-                        _core.HEARTBEAT_SQL, (self.key, _core.interval(self.ttl), self.scope, self.token)).fetchone()
-                self.beats += 1
-            except psycopg.Error as e:
-                if _core.is_lease_lost(e, with_token=True):
-                    self._lost = self._lease_lost(e, "idem_heartbeat")
-                    self._lost.__cause__ = e
-                    return
-                self.heartbeat_error = e
-                logger.warning("heartbeat of key %r (scope %r, token %s) failed, next in %.2f s: %s",
-                               self.key, self.scope, self.token, self.interval, e)
-            except Exception as e:  # pragma: no cover - kept for the caller, never swallowed silently
-                self.heartbeat_error = e
-                logger.warning("heartbeat of key %r (scope %r, token %s) failed: %r", self.key, self.scope,
-                               self.token, e)
+    def _beat(self) -> bool:
+        """One heartbeat, every ``interval`` seconds (Heartbeats); False ends them: the lease was taken over."""
+        try:
+            with self._hb_conn.transaction():
+                cur = self._hb_conn.execute(
+                    _core.HEARTBEAT_SQL, (self.key, _core.interval(self.ttl), self.scope, self.token))
+                (self.expires_at,) = cur.fetchone()
+            self.beats += 1
+        except psycopg.Error as e:
+            if _core.is_lease_lost(e, with_token=True):
+                self._lost = self._lease_lost(e, "idem_heartbeat")
+                self._lost.__cause__ = e
+                return False
+            self.heartbeat_error = e
+            logger.warning("heartbeat of key %r (scope %r, token %s) failed, next in %.2f s: %s",
+                           self.key, self.scope, self.token, self.interval, e)
+        except HEARTBEAT_KEEPS as e:  # sync: any Exception (a thread has no caller); asyncio: none (backends)
+            self.heartbeat_error = e
+            logger.warning("heartbeat of key %r (scope %r, token %s) failed: %r", self.key, self.scope,
+                           self.token, e)
+        return True
 
     @property
     def lost(self) -> bool:
@@ -358,17 +368,17 @@ class Lease:
             raise self._lost
 
     def _stop_heartbeats(self):
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        if self._heartbeats is not None:
+            self._heartbeats.stop()
+            self._heartbeats = None
         if self._own_hb_conn and self._hb_conn is not None:
             self._hb_conn.close()
             self._hb_conn, self._own_hb_conn = None, False
 
     # ---- settle
 
-    def complete(self, result: Any = None, *, write: Optional[Callable[[psycopg.Connection], Any]] = None):
+    def complete(self, result: Any = None, *,
+                       write: Optional[Callable[[psycopg.Connection], Any]] = None):
         """Stops the heartbeats and, in one transaction, runs ``write(conn)`` (your result rows, an offset)
         and idem_complete with the token; commits (re-run on 40001 / 40P01, ``write`` included). LeaseLost
         (and the rollback of ``write``'s rows) when the lease was taken over."""
@@ -377,6 +387,7 @@ class Lease:
         self._stop_heartbeats()
         self.result = result
         self._settled = True
+
         def once():
             if write is not None:
                 write(self.conn)
@@ -396,9 +407,14 @@ class Lease:
             raise RuntimeError(f"lease of {self.key!r} is already settled")
         self._stop_heartbeats()
         self._settled = True
+
+        def once():
+            cur = self.conn.execute(_core.FAIL_SQL, (self.key, _jsonb(error), retryable, self.scope,
+                                                           self.token))
+            return cur.fetchone()
+
         try:
-            (self.failure,) = self._transaction(lambda: self.conn.execute(
-                _core.FAIL_SQL, (self.key, _jsonb(error), retryable, self.scope, self.token)).fetchone())
+            (self.failure,) = self._transaction(once)
         except psycopg.Error as e:
             if _core.is_lease_lost(e, with_token=True):
                 raise self._lease_lost(e, "idem_fail") from e
@@ -426,7 +442,7 @@ class Lease:
 
 
 def lease(conn, key, **options) -> Lease:
-    """``with lease(conn, key, ttl=30) as l:`` -- see Lease."""
+    """``with lease(conn, key, ttl=30) as l:`` (asyncio: ``async with``) -- see Lease."""
     return Lease(conn, key, **options)
 
 
@@ -436,24 +452,29 @@ def lease(conn, key, **options) -> Lease:
 
 def claim_batch(conn, keys: Sequence[str], *, ttl: TTL = None, scope: str = "default") -> List[tuple]:
     """idem_claim_batch: one (key, outcome, token, attempts, payload, expires_at) per key, in order."""
-    return conn.execute(_core.CLAIM_BATCH_SQL, (list(keys), _core.interval(ttl), scope)).fetchall()
+    cur = conn.execute(_core.CLAIM_BATCH_SQL, (list(keys), _core.interval(ttl), scope))
+    return cur.fetchall()
 
 
 def complete_batch(conn, keys: Sequence[str], payloads: Optional[Sequence[Any]] = None, *,
-                   scope: str = "default") -> int:
+                         scope: str = "default") -> int:
     """idem_complete_batch (in this transaction's claims); returns the number of keys completed."""
     if not keys:
         return 0
     docs = None if payloads is None else [_jsonb(p) for p in payloads]
-    return conn.execute(_core.COMPLETE_BATCH_SQL, (list(keys), docs, scope)).fetchone()[0]
+    cur = conn.execute(_core.COMPLETE_BATCH_SQL, (list(keys), docs, scope))
+    row = cur.fetchone()
+    return row[0]
 
 
 def record_offset(conn, group: str, topic: str, partition: int, offset: int,
-                  generation: Optional[int] = None) -> bool:
+                        generation: Optional[int] = None) -> bool:
     """idem_record_offset: True when the stored position advanced. Fenced (a LeaseLost) on 55006: a newer
     generation owns the partition."""
     try:
-        return conn.execute(_core.RECORD_OFFSET_SQL, (group, topic, partition, offset, generation)).fetchone()[0]
+        cur = conn.execute(_core.RECORD_OFFSET_SQL, (group, topic, partition, offset, generation))
+        row = cur.fetchone()
+        return row[0]
     except psycopg.Error as e:
         if e.sqlstate == "55006":
             raise Fenced(f"idem_record_offset({group!r}, {topic!r}, {partition}, {offset}, generation {generation}):"
@@ -464,48 +485,25 @@ def record_offset(conn, group: str, topic: str, partition: int, offset: int,
 
 def next_offset(conn, group: str, topic: str, partition: int) -> Optional[int]:
     """idem_next_offset: last processed + 1, None when nothing is stored."""
-    return conn.execute(_core.NEXT_OFFSET_SQL, (group, topic, partition)).fetchone()[0]
+    cur = conn.execute(_core.NEXT_OFFSET_SQL, (group, topic, partition))
+    row = cur.fetchone()
+    return row[0]
 
 
 def offsets(conn, group: str, topic: Optional[str] = None) -> Dict[Tuple[str, int], int]:
     """idem_offsets as {(topic, partition): next_offset}."""
-    return {(t, p): n for t, p, n, _g, _u in conn.execute(_core.OFFSETS_SQL, (group, topic)).fetchall()}
+    cur = conn.execute(_core.OFFSETS_SQL, (group, topic))
+    return {(t, p): n for t, p, n, _g, _u in cur.fetchall()}
 
 
-@dataclass
-class BatchItem:
-    """What process_batch did with one item. outcome: ``processed`` (the handler ran, result stored),
-    ``replayed`` (completed before: ``result`` is the stored payload), ``failed`` (terminal: stored before,
-    or the handler raised a terminal error now; ``error`` is the stored error: dead-letter it), or
-    ``duplicate`` (the same key earlier in this batch)."""
-
-    item: Any
-    key: str
-    outcome: str
-    result: Any = None
-    error: Any = None
-
-    @property
-    def replayed(self) -> bool:
-        return self.outcome == "replayed"
-
-
-def _last_offsets(items, position) -> "OrderedDict[Tuple[str, int], int]":
-    last: "OrderedDict[Tuple[str, int], int]" = OrderedDict()
-    for it in items:
-        topic, partition, offset = position(it)
-        if (topic, partition) not in last or offset > last[(topic, partition)]:
-            last[(topic, partition)] = offset
-    return last
-
-
-def process_batch(conn: psycopg.Connection, items: Sequence[Any], handler: Callable[[psycopg.Connection, Any], Any],
-                  *, key: Callable[[Any], str], scope: str = "default", ttl: TTL = None,
-                  group: Optional[str] = None, position: Optional[Callable[[Any], Tuple[str, int, int]]] = None,
-                  generation: Optional[int] = None, isolation: Optional[str] = None,
-                  retries: int = DEFAULT_RETRIES, backoff: float = 0.05,
-                  failure_policy: Optional[FailurePolicy] = None, terminal=(), retryable=None,
-                  error_payload=None) -> List[BatchItem]:
+def process_batch(conn: psycopg.Connection, items: Sequence[Any],
+                        handler: Callable[[psycopg.Connection, Any], Any],
+                        *, key: Callable[[Any], str], scope: str = "default", ttl: TTL = None,
+                        group: Optional[str] = None, position: Optional[Callable[[Any], Tuple[str, int, int]]] = None,
+                        generation: Optional[int] = None, isolation: Optional[str] = None,
+                        retries: int = DEFAULT_RETRIES, backoff: float = 0.05,
+                        failure_policy: Optional[FailurePolicy] = None, terminal=(), retryable=None,
+                        error_payload=None) -> List[BatchItem]:
     """One poll in one transaction: idem_claim_batch over the items' keys, ``handler(conn, item)`` for each
     claimed item (under a savepoint), idem_complete_batch with the results, and, with ``group`` and
     ``position(item) -> (topic, partition, offset)``, idem_record_offset of each partition's last offset
@@ -571,7 +569,7 @@ def process_batch(conn: psycopg.Connection, items: Sequence[Any], handler: Calla
                     raise _core.outcome_error(outcome, k, scope, attempts, payload, expires_at)
             complete_batch(conn, done_keys, done_payloads, scope=scope)
             if group is not None and position is not None:
-                for (topic, partition), offset in _last_offsets(items, position).items():
+                for (topic, partition), offset in _core.last_offsets(items, position).items():
                     record_offset(conn, group, topic, partition, offset, generation)
         return out
 
@@ -589,6 +587,7 @@ def process_batch(conn: psycopg.Connection, items: Sequence[Any], handler: Calla
 def _record_attempt(conn, key, scope, ttl, error):
     """Counts one failed attempt of a key whose batch rolled back: claim it and release it with the error."""
     with conn.transaction():
-        outcome = conn.execute(_core.CLAIM_SQL, (key, _core.interval(ttl), scope, None, True)).fetchone()[0]
-        if outcome == "claimed":
+        cur = conn.execute(_core.CLAIM_SQL, (key, _core.interval(ttl), scope, None, True))
+        row = cur.fetchone()
+        if row[0] == "claimed":
             conn.execute(_core.FAIL_SQL, (key, _jsonb(error), True, scope, None))
