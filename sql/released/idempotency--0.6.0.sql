@@ -15,6 +15,24 @@ The ordering of items is not stable, it is driven by a dependency graph.
 CREATE SCHEMA idempotency;
 REVOKE ALL ON SCHEMA idempotency FROM PUBLIC;
 
+-- The roles the functions are granted to, created when missing (they are cluster-wide: a second database's
+-- CREATE EXTENSION finds them). idempotency_consumer: what a consumer needs, nothing more.
+-- idempotency_admin: watching and steering (statistics, health, keys in flight and dead letters, redrive,
+-- forget, scope grants); it and pg_monitor read the statistics, the health snapshot and the partitions.
+-- Consumers get none of that: keys, live fencing tokens and stored errors often hold personal data, and a
+-- token lets its reader complete another consumer's lease.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'idempotency_consumer') THEN
+        CREATE ROLE idempotency_consumer NOLOGIN;
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'idempotency_admin') THEN
+        CREATE ROLE idempotency_admin NOLOGIN;
+    END IF;
+END
+$$;
+GRANT USAGE ON SCHEMA idempotency TO idempotency_admin, pg_monitor;
+
 -- Fencing tokens: global, so a key's token keeps growing even after its record was reclaimed.
 CREATE SEQUENCE idempotency.token_seq AS bigint CACHE 1;
 
@@ -129,9 +147,655 @@ COMMENT ON FUNCTION idempotency.seal_lock(regclass, integer) IS
 /* </end connected objects> */
 
 /* <begin connected objects> */
+-- src/api/keys.rs:27
+-- idempotency::api::keys::idem_claim
+CREATE  FUNCTION "idem_claim"(
+	"key" TEXT, /* Option < & str > */
+	"ttl" interval DEFAULT NULL, /* Option < Interval > */
+	"scope" TEXT DEFAULT 'default', /* Option < & str > */
+	"fingerprint" TEXT DEFAULT NULL, /* Option < & str > */
+	"wait" bool DEFAULT true /* Option < bool > */
+) RETURNS TABLE (
+	"outcome" TEXT,  /* String */
+	"token" bigint,  /* Option < i64 > */
+	"attempts" INT,  /* Option < i32 > */
+	"payload" jsonb,  /* Option < Document > */
+	"expires_at" timestamp with time zone  /* Option < Ts > */
+)
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'idem_claim_wrapper';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/keys.rs:17
+-- requires:
+--   idem_claim
+
+
+GRANT EXECUTE ON FUNCTION idem_claim(text, interval, text, text, boolean) TO idempotency_consumer;
+COMMENT ON FUNCTION idem_claim(text, interval, text, text, boolean) IS
+'Claims (scope, key) for processing. outcome: claimed (you own it; token is your fencing token), completed (payload replays the stored result), in_progress (another holder''s lease is live), failed (terminal; payload is the stored error), mismatch (same key, different fingerprint). ttl NULL = idempotency.lease_ttl.';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/batch.rs:39
+-- idempotency::api::batch::idem_claim_batch
+CREATE  FUNCTION "idem_claim_batch"(
+	"keys" TEXT[], /* :: std :: option :: Option < Array < '_, & '_ str > > */
+	"ttl" interval DEFAULT NULL, /* Option < Interval > */
+	"scope" TEXT DEFAULT 'default' /* Option < & str > */
+) RETURNS TABLE (
+	"key" TEXT,  /* String */
+	"outcome" TEXT,  /* String */
+	"token" bigint,  /* Option < i64 > */
+	"attempts" INT,  /* Option < i32 > */
+	"payload" jsonb,  /* Option < Document > */
+	"expires_at" timestamp with time zone  /* Option < TimestampWithTimeZone > */
+)
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'idem_claim_batch_wrapper';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/batch.rs:29
+-- requires:
+--   idem_claim_batch
+
+
+GRANT EXECUTE ON FUNCTION idem_claim_batch(text[], interval, text) TO idempotency_consumer;
+COMMENT ON FUNCTION idem_claim_batch(text[], interval, text) IS
+'Claims many keys of one scope in one call (one broker poll); one row per input key, in input order, with the same outcomes as idem_claim. Keys are locked in sorted order.';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/keys.rs:69
+-- idempotency::api::keys::idem_complete
+CREATE  FUNCTION "idem_complete"(
+	"key" TEXT, /* Option < & str > */
+	"payload" jsonb DEFAULT NULL, /* Option < Document > */
+	"scope" TEXT DEFAULT 'default', /* Option < & str > */
+	"token" bigint DEFAULT NULL /* Option < i64 > */
+) RETURNS void
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'idem_complete_wrapper';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/keys.rs:59
+-- requires:
+--   idem_complete
+
+
+GRANT EXECUTE ON FUNCTION idem_complete(text, jsonb, text, bigint) TO idempotency_consumer;
+COMMENT ON FUNCTION idem_complete(text, jsonb, text, bigint) IS
+'Marks a claimed key completed and stores payload for replay. token may be NULL only in the transaction that claimed. Errors: P0002 unknown key, 55000 already terminal, 55006 lease lost.';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/batch.rs:82
+-- idempotency::api::batch::idem_complete_batch
+CREATE  FUNCTION "idem_complete_batch"(
+	"keys" TEXT[], /* :: std :: option :: Option < Array < '_, & '_ str > > */
+	"payloads" jsonb[] DEFAULT NULL, /* Option < Documents > */
+	"scope" TEXT DEFAULT 'default', /* Option < & str > */
+	"tokens" bigint[] DEFAULT NULL /* :: std :: option :: Option < Array < '_, i64 > > */
+) RETURNS INT /* i32 */
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'idem_complete_batch_wrapper';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/batch.rs:72
+-- requires:
+--   idem_complete_batch
+
+
+GRANT EXECUTE ON FUNCTION idem_complete_batch(text[], jsonb[], text, bigint[]) TO idempotency_consumer;
+COMMENT ON FUNCTION idem_complete_batch(text[], jsonb[], text, bigint[]) IS
+'Completes many claimed keys; payloads and tokens, when given, pair with keys by position. All or nothing; returns the number completed.';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/keys.rs:93
+-- idempotency::api::keys::idem_fail
+CREATE  FUNCTION "idem_fail"(
+	"key" TEXT, /* Option < & str > */
+	"error" jsonb DEFAULT NULL, /* Option < Document > */
+	"retryable" bool DEFAULT true, /* Option < bool > */
+	"scope" TEXT DEFAULT 'default', /* Option < & str > */
+	"token" bigint DEFAULT NULL /* Option < i64 > */
+) RETURNS TEXT /* String */
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'idem_fail_wrapper';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/keys.rs:83
+-- requires:
+--   idem_fail
+
+
+GRANT EXECUTE ON FUNCTION idem_fail(text, jsonb, boolean, text, bigint) TO idempotency_consumer;
+COMMENT ON FUNCTION idem_fail(text, jsonb, boolean, text, bigint) IS
+'Records a failed attempt. retryable: releases the key for another claim and returns released, or returns failed once idempotency.max_attempts is reached. Not retryable: terminal at once, returns failed.';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/derive.rs:84
+-- idempotency::api::derive::idem_fingerprint
+CREATE  FUNCTION "idem_fingerprint"(
+	"document" jsonb, /* Option < Document > */
+	"paths" VARIADIC TEXT[] DEFAULT '{}' /* :: std :: option :: Option < pgrx :: VariadicArray < '_, & str > > */
+) RETURNS TEXT /* String */
+IMMUTABLE PARALLEL SAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'idem_fingerprint_wrapper';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/derive.rs:74
+-- requires:
+--   idem_fingerprint
+
+
+GRANT EXECUTE ON FUNCTION idem_fingerprint(jsonb, text[]) TO idempotency_consumer;
+COMMENT ON FUNCTION idem_fingerprint(jsonb, text[]) IS
+'A request fingerprint for idem_claim: hex SHA-256 of the RFC 8785 canonical JSON of the document, or of an object mapping each given JSON Pointer to its value (null when absent). The client libraries compute the same value.';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/admin.rs:67
+-- idempotency::api::admin::idem_forget
+CREATE  FUNCTION "idem_forget"(
+	"key" TEXT, /* Option < & str > */
+	"scope" TEXT DEFAULT 'default' /* Option < & str > */
+) RETURNS bool /* bool */
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'idem_forget_wrapper';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/admin.rs:56
+-- requires:
+--   idem_forget
+
+
+GRANT EXECUTE ON FUNCTION idem_forget(text, text) TO idempotency_admin;
+COMMENT ON FUNCTION idem_forget(text, text) IS
+'Deletes a key''s record whatever its state, so that it is processed again from scratch; false when unknown. A holder of its lease then gets P0002. Takes the key lock. For idempotency_admin.';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/keys.rs:119
+-- idempotency::api::keys::idem_heartbeat
+CREATE  FUNCTION "idem_heartbeat"(
+	"key" TEXT, /* Option < & str > */
+	"ttl" interval DEFAULT NULL, /* Option < Interval > */
+	"scope" TEXT DEFAULT 'default', /* Option < & str > */
+	"token" bigint DEFAULT NULL /* Option < i64 > */
+) RETURNS timestamp with time zone /* Ts */
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'idem_heartbeat_wrapper';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/keys.rs:109
+-- requires:
+--   idem_heartbeat
+
+
+GRANT EXECUTE ON FUNCTION idem_heartbeat(text, interval, text, bigint) TO idempotency_consumer;
+COMMENT ON FUNCTION idem_heartbeat(text, interval, text, bigint) IS
+'Extends the caller''s lease to now + ttl and returns the new expires_at. 55006 if the lease was lost.';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/derive.rs:63
+-- idempotency::api::derive::idem_key
+CREATE  FUNCTION "idem_key"(
+	"namespace" uuid, /* Option < pgrx :: Uuid > */
+	"parts" VARIADIC TEXT[] /* :: std :: option :: Option < pgrx :: VariadicArray < '_, & str > > */
+) RETURNS TEXT /* String */
+IMMUTABLE PARALLEL SAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'idem_key_wrapper';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/derive.rs:53
+-- requires:
+--   idem_key
+
+
+GRANT EXECUTE ON FUNCTION idem_key(uuid, text[]) TO idempotency_consumer;
+COMMENT ON FUNCTION idem_key(uuid, text[]) IS
+'A key derived from a message''s identifying parts: the version-5 UUID of namespace and the parts (each as <UTF-8 length>:<bytes>;), as text. The client libraries compute the same value.';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/maintenance.rs:20
+-- idempotency::api::maintenance::idem_maintenance
+CREATE  FUNCTION "idem_maintenance"(
+	"as_of" timestamp with time zone DEFAULT now() /* Option < TimestampWithTimeZone > */
+) RETURNS TABLE (
+	"partitions_created" INT,  /* i32 */
+	"partitions_dropped" INT,  /* i32 */
+	"partitions_deferred" INT,  /* i32 */
+	"leases_reclaimed" bigint  /* i64 */
+)
+VOLATILE PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'idem_maintenance_wrapper';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/maintenance.rs:9
+-- requires:
+--   idem_maintenance
+
+
+COMMENT ON FUNCTION idem_maintenance(timestamptz) IS
+'One maintenance round as of as_of: premake partitions, drop those older than idempotency.retention, reclaim leases expired longer than idempotency.reclaim_after. What the background worker runs; call it from cron when the library cannot be preloaded.';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/offsets.rs:61
+-- idempotency::api::offsets::idem_next_offset
+CREATE  FUNCTION "idem_next_offset"(
+	"consumer_group" TEXT, /* Option < & str > */
+	"topic" TEXT, /* Option < & str > */
+	"partition" INT /* Option < i32 > */
+) RETURNS bigint /* Option < i64 > */
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'idem_next_offset_wrapper';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/offsets.rs:51
+-- requires:
+--   idem_next_offset
+
+
+GRANT EXECUTE ON FUNCTION idem_next_offset(text, text, integer) TO idempotency_consumer;
+COMMENT ON FUNCTION idem_next_offset(text, text, integer) IS
+'Where to seek on restart: last processed offset + 1, or NULL when nothing is stored.';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/offsets.rs:80
+-- idempotency::api::offsets::idem_offsets
+CREATE  FUNCTION "idem_offsets"(
+	"consumer_group" TEXT, /* Option < & str > */
+	"topic" TEXT DEFAULT NULL /* Option < & str > */
+) RETURNS TABLE (
+	"topic" TEXT,  /* String */
+	"partition" INT,  /* i32 */
+	"next_offset" bigint,  /* i64 */
+	"generation" bigint,  /* Option < i64 > */
+	"updated_at" timestamp with time zone  /* TimestampWithTimeZone */
+)
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'idem_offsets_wrapper';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/offsets.rs:70
+-- requires:
+--   idem_offsets
+
+
+GRANT EXECUTE ON FUNCTION idem_offsets(text, text) TO idempotency_consumer;
+COMMENT ON FUNCTION idem_offsets(text, text) IS
+'Stored positions of a consumer group (optionally one topic), for the startup seek.';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/keys.rs:143
+-- idempotency::api::keys::idem_once
+CREATE  FUNCTION "idem_once"(
+	"key" TEXT, /* Option < & str > */
+	"scope" TEXT DEFAULT 'default' /* Option < & str > */
+) RETURNS bool /* bool */
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'idem_once_wrapper';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/keys.rs:133
+-- requires:
+--   idem_once
+
+
+GRANT EXECUTE ON FUNCTION idem_once(text, text) TO idempotency_consumer;
+COMMENT ON FUNCTION idem_once(text, text) IS
+'True exactly once per (scope, key) over all committed transactions; records the key as completed in the caller''s transaction.';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/batch.rs:124
+-- idempotency::api::batch::idem_once_batch
+CREATE  FUNCTION "idem_once_batch"(
+	"keys" TEXT[], /* :: std :: option :: Option < Array < '_, & '_ str > > */
+	"scope" TEXT DEFAULT 'default' /* Option < & str > */
+) RETURNS SETOF TEXT /* String */
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'idem_once_batch_wrapper';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/batch.rs:114
+-- requires:
+--   idem_once_batch
+
+
+GRANT EXECUTE ON FUNCTION idem_once_batch(text[], text) TO idempotency_consumer;
+COMMENT ON FUNCTION idem_once_batch(text[], text) IS
+'The keys of the batch seen for the first time over all committed transactions, each once, in input order; records them as completed.';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/maintenance.rs:54
+-- idempotency::api::maintenance::idem_partman_handover
+CREATE  FUNCTION "idem_partman_handover"() RETURNS TEXT /* String */
+STRICT VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'idem_partman_handover_wrapper';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/maintenance.rs:40
+-- requires:
+--   idem_partman_handover
+
+
+COMMENT ON FUNCTION idem_partman_handover() IS
+'Registers idempotency.records with pg_partman (create_parent, retention and premake from the GUCs). Set idempotency.partition_manager = pg_partman first.';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/offsets.rs:36
+-- idempotency::api::offsets::idem_record_offset
+CREATE  FUNCTION "idem_record_offset"(
+	"consumer_group" TEXT, /* Option < & str > */
+	"topic" TEXT, /* Option < & str > */
+	"partition" INT, /* Option < i32 > */
+	"processed_offset" bigint, /* Option < i64 > */
+	"generation" bigint DEFAULT NULL /* Option < i64 > */
+) RETURNS bool /* bool */
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'idem_record_offset_wrapper';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/offsets.rs:26
+-- requires:
+--   idem_record_offset
+
+
+GRANT EXECUTE ON FUNCTION idem_record_offset(text, text, integer, bigint, bigint) TO idempotency_consumer;
+COMMENT ON FUNCTION idem_record_offset(text, text, integer, bigint, bigint) IS
+'Stores processed_offset + 1 as the next offset of (consumer_group, topic, partition) in the caller''s transaction. False when processed_offset is not beyond the stored position (a duplicate). 55006 when generation is older than the stored one.';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/admin.rs:20
+-- idempotency::api::admin::idem_redrive
+CREATE  FUNCTION "idem_redrive"(
+	"key" TEXT, /* Option < & str > */
+	"scope" TEXT DEFAULT 'default' /* Option < & str > */
+) RETURNS bool /* bool */
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'idem_redrive_wrapper';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/admin.rs:8
+-- requires:
+--   idem_redrive
+
+
+GRANT EXECUTE ON FUNCTION idem_redrive(text, text) TO idempotency_admin;
+COMMENT ON FUNCTION idem_redrive(text, text) IS
+'Makes a failed (dead-letter) key claimable again: released, attempts counted from zero, error kept. False when the key is not failed; P0002 when unknown. Takes the key lock. For idempotency_admin.';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/admin.rs:38
+-- idempotency::api::admin::idem_redrive_scope
+CREATE  FUNCTION "idem_redrive_scope"(
+	"scope" TEXT, /* Option < & str > */
+	"failed_since" timestamp with time zone DEFAULT NULL, /* Option < TimestampWithTimeZone > */
+	"max_keys" INT DEFAULT 1000 /* Option < i32 > */
+) RETURNS bigint /* i64 */
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'idem_redrive_scope_wrapper';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/admin.rs:26
+-- requires:
+--   idem_redrive_scope
+
+
+GRANT EXECUTE ON FUNCTION idem_redrive_scope(text, timestamptz, integer) TO idempotency_admin;
+COMMENT ON FUNCTION idem_redrive_scope(text, timestamptz, integer) IS
+'Redrives up to max_keys failed keys of a scope (failed since failed_since, when given), in key order; returns how many. Call again until 0. Holds each key''s lock until commit. For idempotency_admin.';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/offsets.rs:116
+-- idempotency::api::offsets::idem_reset_offset
+CREATE  FUNCTION "idem_reset_offset"(
+	"consumer_group" TEXT, /* Option < & str > */
+	"topic" TEXT, /* Option < & str > */
+	"partition" INT, /* Option < i32 > */
+	"next_offset" bigint, /* Option < i64 > */
+	"generation" bigint DEFAULT NULL /* Option < i64 > */
+) RETURNS void
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'idem_reset_offset_wrapper';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/offsets.rs:107
+-- requires:
+--   idem_reset_offset
+
+
+COMMENT ON FUNCTION idem_reset_offset(text, text, integer, bigint, bigint) IS
+'Sets the next offset of (consumer_group, topic, partition), backwards or forwards, and, when generation is given, the stored generation (lower or higher: a zombie''s huge generation is undone here). For DBAs; not granted to idempotency_consumer.';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/observe.rs:141
+-- idempotency::api::observe::idem_stats_reset
+CREATE  FUNCTION "idem_stats_reset"(
+	"scope" TEXT DEFAULT NULL /* Option < & str > */
+) RETURNS timestamp with time zone /* Ts */
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'idem_stats_reset_wrapper';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/observe.rs:129
+-- requires:
+--   idem_stats_reset
+
+
+GRANT EXECUTE ON FUNCTION idem_stats_reset(text) TO idempotency_admin;
+COMMENT ON FUNCTION idem_stats_reset(text) IS
+'Zeroes the counters of one scope, or of all scopes of this database (NULL); returns the time of the reset. For idempotency_admin.';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/keys.rs:159
+-- idempotency::api::keys::idem_status
+CREATE  FUNCTION "idem_status"(
+	"key" TEXT, /* Option < & str > */
+	"scope" TEXT DEFAULT 'default' /* Option < & str > */
+) RETURNS TABLE (
+	"status" TEXT,  /* String */
+	"attempts" INT,  /* i32 */
+	"token" bigint,  /* Option < i64 > */
+	"payload" jsonb,  /* Option < Document > */
+	"error" jsonb,  /* Option < Document > */
+	"created_at" timestamp with time zone,  /* Ts */
+	"updated_at" timestamp with time zone,  /* Ts */
+	"expires_at" timestamp with time zone  /* Option < Ts > */
+)
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'idem_status_wrapper';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/keys.rs:149
+-- requires:
+--   idem_status
+
+
+GRANT EXECUTE ON FUNCTION idem_status(text, text) TO idempotency_consumer;
+COMMENT ON FUNCTION idem_status(text, text) IS
+'The stored record of (scope, key): status, attempts, token, payload, error and timestamps; no row if unknown.';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/grants.rs:20
+CREATE SCHEMA IF NOT EXISTS idempotency; /* idempotency::api::grants::idempotency */
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/grants.rs:35
+-- idempotency::api::grants::idempotency::scope_grants_changed
+CREATE FUNCTION idempotency."scope_grants_changed"()
+	RETURNS TRIGGER
+	LANGUAGE c
+	AS 'MODULE_PATHNAME', 'scope_grants_changed_wrapper';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/grants.rs:7
+-- requires:
+--   bootstrap
+--   idempotency::scope_grants_changed
+
+-- Scope and consumer-group grants (see src/storage/grants.rs and docs/security.md). Off until the first
+-- grant of a kind: without grants every member of idempotency_consumer is trusted with every scope and
+-- group. role is a regrole, so that pg_dump writes it as the role's name; pattern is a scope or group name,
+-- or a prefix followed by '*'.
+CREATE TABLE idempotency.scope_grants (
+    role       regrole NOT NULL,
+    kind       text NOT NULL CHECK (kind IN ('scope', 'group')),
+    pattern    text COLLATE "C" NOT NULL CHECK (pattern <> ''),
+    granted_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    PRIMARY KEY (role, kind, pattern)
+);
+GRANT SELECT ON idempotency.scope_grants TO idempotency_admin;
+COMMENT ON TABLE idempotency.scope_grants IS
+'Which roles may call with which scopes and consumer groups (idem_grant_scope, idem_grant_group). Enforced once a kind has a grant, or always with idempotency.require_scope_grants.';
+-- Every change, by the functions below or by hand, tells every backend to read the grants again.
+CREATE TRIGGER scope_grants_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON idempotency.scope_grants
+    FOR EACH STATEMENT EXECUTE FUNCTION idempotency.scope_grants_changed();
+SELECT pg_catalog.pg_extension_config_dump('idempotency.scope_grants', '');
+
+CREATE FUNCTION idempotency.grant_pattern(grantee regrole, kind text, pattern text, revoke boolean)
+RETURNS boolean LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    done boolean;
+BEGIN
+    IF grantee IS NULL OR pattern IS NULL THEN
+        RAISE EXCEPTION 'idempotency: role and % must not be NULL', kind USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF pattern = '' THEN
+        RAISE EXCEPTION 'idempotency: % must not be empty', kind
+            USING ERRCODE = 'invalid_parameter_value', HINT = 'Grant ''*'' for every name.';
+    END IF;
+    IF revoke THEN
+        DELETE FROM idempotency.scope_grants g WHERE g.role = grantee AND g.kind = grant_pattern.kind
+                                                 AND g.pattern = grant_pattern.pattern;
+    ELSE
+        INSERT INTO idempotency.scope_grants (role, kind, pattern) VALUES (grantee, grant_pattern.kind, grant_pattern.pattern)
+            ON CONFLICT DO NOTHING;
+    END IF;
+    GET DIAGNOSTICS done = ROW_COUNT;
+    RETURN done;
+END
+$$;
+COMMENT ON FUNCTION idempotency.grant_pattern(regrole, text, text, boolean) IS
+'What idem_grant_scope, idem_revoke_scope, idem_grant_group and idem_revoke_group do.';
+
+CREATE FUNCTION idem_grant_scope(role regrole, scope text) RETURNS boolean
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$ SELECT idempotency.grant_pattern(role, 'scope', scope, false) $$;
+GRANT EXECUTE ON FUNCTION idem_grant_scope(regrole, text) TO idempotency_admin;
+COMMENT ON FUNCTION idem_grant_scope(regrole, text) IS
+'Lets members of role call with scope (a name, or a prefix followed by *). Once any scope is granted, a consumer without a grant gets 42501 from every call with a scope (idempotency.require_scope_grants enforces it before the first grant). True when the grant is new. For idempotency_admin.';
+CREATE FUNCTION idem_revoke_scope(role regrole, scope text) RETURNS boolean
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$ SELECT idempotency.grant_pattern(role, 'scope', scope, true) $$;
+GRANT EXECUTE ON FUNCTION idem_revoke_scope(regrole, text) TO idempotency_admin;
+COMMENT ON FUNCTION idem_revoke_scope(regrole, text) IS
+'Takes back a grant of idem_grant_scope (the same role and pattern); true when there was one. For idempotency_admin.';
+CREATE FUNCTION idem_grant_group(role regrole, consumer_group text) RETURNS boolean
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$ SELECT idempotency.grant_pattern(role, 'group', consumer_group, false) $$;
+GRANT EXECUTE ON FUNCTION idem_grant_group(regrole, text) TO idempotency_admin;
+COMMENT ON FUNCTION idem_grant_group(regrole, text) IS
+'Lets members of role record and read the offsets of consumer_group (a name, or a prefix followed by *). Once any group is granted, a consumer without a grant gets 42501 from the offset calls of other groups. True when the grant is new. For idempotency_admin.';
+CREATE FUNCTION idem_revoke_group(role regrole, consumer_group text) RETURNS boolean
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$ SELECT idempotency.grant_pattern(role, 'group', consumer_group, true) $$;
+GRANT EXECUTE ON FUNCTION idem_revoke_group(regrole, text) TO idempotency_admin;
+COMMENT ON FUNCTION idem_revoke_group(regrole, text) IS
+'Takes back a grant of idem_grant_group (the same role and pattern); true when there was one. For idempotency_admin.';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/grants.rs:24
+-- requires:
+--   scope_grants_changed
+
+
+COMMENT ON FUNCTION idempotency.scope_grants_changed() IS
+'Statement trigger of idempotency.scope_grants: every backend reads the grants again after the change commits.';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/distribute.rs:10
+CREATE SCHEMA IF NOT EXISTS idempotency; /* idempotency::api::distribute::idempotency */
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/distribute.rs:24
+-- idempotency::api::distribute::idempotency::delegated_functions
+CREATE  FUNCTION idempotency."delegated_functions"() RETURNS SETOF TEXT /* & '_ str */
+IMMUTABLE STRICT PARALLEL SAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'delegated_functions_wrapper';
+/* </end connected objects> */
+
+/* <begin connected objects> */
 -- src/api/distribute.rs:4
 -- requires:
 --   bootstrap
+--   idempotency::delegated_functions
 
 -- Scale-out on Citus: idem_distribute(colocate_with) registers the consumer functions whose records belong to
 -- one scope as Citus distributed functions, delegated by their scope argument to the worker that holds the
@@ -178,23 +842,8 @@ DECLARE
     held bigint;
     f regprocedure;
     f_colocation integer;
-    -- The consumer functions whose records belong to one scope, each with its scope parameter.
-    -- idem_record_offset, idem_next_offset, idem_offsets and idem_reset_offset are not among them:
-    -- offsets stay on the coordinator (see the README, "Scaling out").
-    signatures constant text[] := ARRAY[
-        'idem_claim(text, interval, text, text, boolean)',
-        'idem_complete(text, jsonb, text, bigint)',
-        'idem_fail(text, jsonb, boolean, text, bigint)',
-        'idem_heartbeat(text, interval, text, bigint)',
-        'idem_once(text, text)',
-        'idem_status(text, text)',
-        'idem_claim_batch(text[], interval, text)',
-        'idem_complete_batch(text[], jsonb[], text, bigint[])',
-        'idem_once_batch(text[], text)',
-        -- The admin's, so that a redrive or a forget through the coordinator reaches the key's worker too.
-        'idem_redrive(text, text)',
-        'idem_redrive_scope(text, timestamp with time zone, integer)',
-        'idem_forget(text, text)'];
+    -- The functions whose records belong to one scope (src/citus.rs, DELEGATED).
+    signatures constant text[] := ARRAY(SELECT idempotency.delegated_functions());
     sig text;
     funcs regprocedure[] := '{}';
 BEGIN
@@ -446,305 +1095,13 @@ COMMENT ON FUNCTION idem_move_records(bigint, text, integer, text, integer) IS
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/api/keys.rs:17
--- idempotency::api::keys::idem_claim
-CREATE  FUNCTION "idem_claim"(
-	"key" TEXT, /* Option < & str > */
-	"ttl" interval DEFAULT NULL, /* Option < Interval > */
-	"scope" TEXT DEFAULT 'default', /* Option < & str > */
-	"fingerprint" TEXT DEFAULT NULL, /* Option < & str > */
-	"wait" bool DEFAULT true /* Option < bool > */
-) RETURNS TABLE (
-	"outcome" TEXT,  /* String */
-	"token" bigint,  /* Option < i64 > */
-	"attempts" INT,  /* Option < i32 > */
-	"payload" jsonb,  /* Option < Document > */
-	"expires_at" timestamp with time zone  /* Option < Ts > */
-)
-VOLATILE PARALLEL UNSAFE
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'idem_claim_wrapper';
-/* </end connected objects> */
+-- src/api/distribute.rs:14
+-- requires:
+--   delegated_functions
 
-/* <begin connected objects> */
--- src/api/batch.rs:29
--- idempotency::api::batch::idem_claim_batch
-CREATE  FUNCTION "idem_claim_batch"(
-	"keys" TEXT[], /* :: std :: option :: Option < Array < '_, & '_ str > > */
-	"ttl" interval DEFAULT NULL, /* Option < Interval > */
-	"scope" TEXT DEFAULT 'default' /* Option < & str > */
-) RETURNS TABLE (
-	"key" TEXT,  /* String */
-	"outcome" TEXT,  /* String */
-	"token" bigint,  /* Option < i64 > */
-	"attempts" INT,  /* Option < i32 > */
-	"payload" jsonb,  /* Option < Document > */
-	"expires_at" timestamp with time zone  /* Option < TimestampWithTimeZone > */
-)
-VOLATILE PARALLEL UNSAFE
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'idem_claim_batch_wrapper';
-/* </end connected objects> */
 
-/* <begin connected objects> */
--- src/api/keys.rs:49
--- idempotency::api::keys::idem_complete
-CREATE  FUNCTION "idem_complete"(
-	"key" TEXT, /* Option < & str > */
-	"payload" jsonb DEFAULT NULL, /* Option < Document > */
-	"scope" TEXT DEFAULT 'default', /* Option < & str > */
-	"token" bigint DEFAULT NULL /* Option < i64 > */
-) RETURNS void
-VOLATILE PARALLEL UNSAFE
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'idem_complete_wrapper';
-/* </end connected objects> */
-
-/* <begin connected objects> */
--- src/api/batch.rs:62
--- idempotency::api::batch::idem_complete_batch
-CREATE  FUNCTION "idem_complete_batch"(
-	"keys" TEXT[], /* :: std :: option :: Option < Array < '_, & '_ str > > */
-	"payloads" jsonb[] DEFAULT NULL, /* Option < Documents > */
-	"scope" TEXT DEFAULT 'default', /* Option < & str > */
-	"tokens" bigint[] DEFAULT NULL /* :: std :: option :: Option < Array < '_, i64 > > */
-) RETURNS INT /* i32 */
-VOLATILE PARALLEL UNSAFE
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'idem_complete_batch_wrapper';
-/* </end connected objects> */
-
-/* <begin connected objects> */
--- src/api/keys.rs:63
--- idempotency::api::keys::idem_fail
-CREATE  FUNCTION "idem_fail"(
-	"key" TEXT, /* Option < & str > */
-	"error" jsonb DEFAULT NULL, /* Option < Document > */
-	"retryable" bool DEFAULT true, /* Option < bool > */
-	"scope" TEXT DEFAULT 'default', /* Option < & str > */
-	"token" bigint DEFAULT NULL /* Option < i64 > */
-) RETURNS TEXT /* String */
-VOLATILE PARALLEL UNSAFE
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'idem_fail_wrapper';
-/* </end connected objects> */
-
-/* <begin connected objects> */
--- src/api/derive.rs:64
--- idempotency::api::derive::idem_fingerprint
-CREATE  FUNCTION "idem_fingerprint"(
-	"document" jsonb, /* Option < Document > */
-	"paths" VARIADIC TEXT[] DEFAULT '{}' /* :: std :: option :: Option < pgrx :: VariadicArray < '_, & str > > */
-) RETURNS TEXT /* String */
-IMMUTABLE PARALLEL SAFE
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'idem_fingerprint_wrapper';
-/* </end connected objects> */
-
-/* <begin connected objects> */
--- src/api/admin.rs:37
--- idempotency::api::admin::idem_forget
-CREATE  FUNCTION "idem_forget"(
-	"key" TEXT, /* Option < & str > */
-	"scope" TEXT DEFAULT 'default' /* Option < & str > */
-) RETURNS bool /* bool */
-VOLATILE PARALLEL UNSAFE
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'idem_forget_wrapper';
-/* </end connected objects> */
-
-/* <begin connected objects> */
--- src/api/keys.rs:79
--- idempotency::api::keys::idem_heartbeat
-CREATE  FUNCTION "idem_heartbeat"(
-	"key" TEXT, /* Option < & str > */
-	"ttl" interval DEFAULT NULL, /* Option < Interval > */
-	"scope" TEXT DEFAULT 'default', /* Option < & str > */
-	"token" bigint DEFAULT NULL /* Option < i64 > */
-) RETURNS timestamp with time zone /* Ts */
-VOLATILE PARALLEL UNSAFE
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'idem_heartbeat_wrapper';
-/* </end connected objects> */
-
-/* <begin connected objects> */
--- src/api/derive.rs:53
--- idempotency::api::derive::idem_key
-CREATE  FUNCTION "idem_key"(
-	"namespace" uuid, /* Option < pgrx :: Uuid > */
-	"parts" VARIADIC TEXT[] /* :: std :: option :: Option < pgrx :: VariadicArray < '_, & str > > */
-) RETURNS TEXT /* String */
-IMMUTABLE PARALLEL SAFE
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'idem_key_wrapper';
-/* </end connected objects> */
-
-/* <begin connected objects> */
--- src/api/maintenance.rs:11
--- idempotency::api::maintenance::idem_maintenance
-CREATE  FUNCTION "idem_maintenance"(
-	"as_of" timestamp with time zone DEFAULT now() /* Option < TimestampWithTimeZone > */
-) RETURNS TABLE (
-	"partitions_created" INT,  /* i32 */
-	"partitions_dropped" INT,  /* i32 */
-	"partitions_deferred" INT,  /* i32 */
-	"leases_reclaimed" bigint  /* i64 */
-)
-VOLATILE PARALLEL UNSAFE
-SET search_path TO pg_catalog, pg_temp
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'idem_maintenance_wrapper';
-/* </end connected objects> */
-
-/* <begin connected objects> */
--- src/api/offsets.rs:41
--- idempotency::api::offsets::idem_next_offset
-CREATE  FUNCTION "idem_next_offset"(
-	"consumer_group" TEXT, /* Option < & str > */
-	"topic" TEXT, /* Option < & str > */
-	"partition" INT /* Option < i32 > */
-) RETURNS bigint /* Option < i64 > */
-VOLATILE PARALLEL UNSAFE
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'idem_next_offset_wrapper';
-/* </end connected objects> */
-
-/* <begin connected objects> */
--- src/api/offsets.rs:50
--- idempotency::api::offsets::idem_offsets
-CREATE  FUNCTION "idem_offsets"(
-	"consumer_group" TEXT, /* Option < & str > */
-	"topic" TEXT DEFAULT NULL /* Option < & str > */
-) RETURNS TABLE (
-	"topic" TEXT,  /* String */
-	"partition" INT,  /* i32 */
-	"next_offset" bigint,  /* i64 */
-	"generation" bigint,  /* Option < i64 > */
-	"updated_at" timestamp with time zone  /* TimestampWithTimeZone */
-)
-VOLATILE PARALLEL UNSAFE
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'idem_offsets_wrapper';
-/* </end connected objects> */
-
-/* <begin connected objects> */
--- src/api/keys.rs:93
--- idempotency::api::keys::idem_once
-CREATE  FUNCTION "idem_once"(
-	"key" TEXT, /* Option < & str > */
-	"scope" TEXT DEFAULT 'default' /* Option < & str > */
-) RETURNS bool /* bool */
-VOLATILE PARALLEL UNSAFE
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'idem_once_wrapper';
-/* </end connected objects> */
-
-/* <begin connected objects> */
--- src/api/batch.rs:94
--- idempotency::api::batch::idem_once_batch
-CREATE  FUNCTION "idem_once_batch"(
-	"keys" TEXT[], /* :: std :: option :: Option < Array < '_, & '_ str > > */
-	"scope" TEXT DEFAULT 'default' /* Option < & str > */
-) RETURNS SETOF TEXT /* String */
-VOLATILE PARALLEL UNSAFE
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'idem_once_batch_wrapper';
-/* </end connected objects> */
-
-/* <begin connected objects> */
--- src/api/maintenance.rs:36
--- idempotency::api::maintenance::idem_partman_handover
-CREATE  FUNCTION "idem_partman_handover"() RETURNS TEXT /* String */
-STRICT VOLATILE PARALLEL UNSAFE
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'idem_partman_handover_wrapper';
-/* </end connected objects> */
-
-/* <begin connected objects> */
--- src/api/offsets.rs:26
--- idempotency::api::offsets::idem_record_offset
-CREATE  FUNCTION "idem_record_offset"(
-	"consumer_group" TEXT, /* Option < & str > */
-	"topic" TEXT, /* Option < & str > */
-	"partition" INT, /* Option < i32 > */
-	"processed_offset" bigint, /* Option < i64 > */
-	"generation" bigint DEFAULT NULL /* Option < i64 > */
-) RETURNS bool /* bool */
-VOLATILE PARALLEL UNSAFE
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'idem_record_offset_wrapper';
-/* </end connected objects> */
-
-/* <begin connected objects> */
--- src/api/admin.rs:10
--- idempotency::api::admin::idem_redrive
-CREATE  FUNCTION "idem_redrive"(
-	"key" TEXT, /* Option < & str > */
-	"scope" TEXT DEFAULT 'default' /* Option < & str > */
-) RETURNS bool /* bool */
-VOLATILE PARALLEL UNSAFE
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'idem_redrive_wrapper';
-/* </end connected objects> */
-
-/* <begin connected objects> */
--- src/api/admin.rs:18
--- idempotency::api::admin::idem_redrive_scope
-CREATE  FUNCTION "idem_redrive_scope"(
-	"scope" TEXT, /* Option < & str > */
-	"failed_since" timestamp with time zone DEFAULT NULL, /* Option < TimestampWithTimeZone > */
-	"max_keys" INT DEFAULT 1000 /* Option < i32 > */
-) RETURNS bigint /* i64 */
-VOLATILE PARALLEL UNSAFE
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'idem_redrive_scope_wrapper';
-/* </end connected objects> */
-
-/* <begin connected objects> */
--- src/api/offsets.rs:77
--- idempotency::api::offsets::idem_reset_offset
-CREATE  FUNCTION "idem_reset_offset"(
-	"consumer_group" TEXT, /* Option < & str > */
-	"topic" TEXT, /* Option < & str > */
-	"partition" INT, /* Option < i32 > */
-	"next_offset" bigint, /* Option < i64 > */
-	"generation" bigint DEFAULT NULL /* Option < i64 > */
-) RETURNS void
-VOLATILE PARALLEL UNSAFE
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'idem_reset_offset_wrapper';
-/* </end connected objects> */
-
-/* <begin connected objects> */
--- src/api/observe.rs:101
--- idempotency::api::observe::idem_stats_reset
-CREATE  FUNCTION "idem_stats_reset"(
-	"scope" TEXT DEFAULT NULL /* Option < & str > */
-) RETURNS timestamp with time zone /* Ts */
-VOLATILE PARALLEL UNSAFE
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'idem_stats_reset_wrapper';
-/* </end connected objects> */
-
-/* <begin connected objects> */
--- src/api/keys.rs:99
--- idempotency::api::keys::idem_status
-CREATE  FUNCTION "idem_status"(
-	"key" TEXT, /* Option < & str > */
-	"scope" TEXT DEFAULT 'default' /* Option < & str > */
-) RETURNS TABLE (
-	"status" TEXT,  /* String */
-	"attempts" INT,  /* i32 */
-	"token" bigint,  /* Option < i64 > */
-	"payload" jsonb,  /* Option < Document > */
-	"error" jsonb,  /* Option < Document > */
-	"created_at" timestamp with time zone,  /* Ts */
-	"updated_at" timestamp with time zone,  /* Ts */
-	"expires_at" timestamp with time zone  /* Option < Ts > */
-)
-VOLATILE PARALLEL UNSAFE
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'idem_status_wrapper';
+COMMENT ON FUNCTION idempotency.delegated_functions() IS
+'The functions idem_distribute delegates to the Citus workers by their scope argument (regprocedure text), from the same table as the planner hook that guards them.';
 /* </end connected objects> */
 
 /* <begin connected objects> */
@@ -753,7 +1110,29 @@ CREATE SCHEMA IF NOT EXISTS idempotency; /* idempotency::api::partitions::idempo
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/api/partitions.rs:36
+-- src/api/partitions.rs:25
+-- idempotency::api::partitions::idempotency::premake_partitions
+CREATE  FUNCTION idempotency."premake_partitions"(
+	"as_of" timestamp with time zone DEFAULT now() /* Option < TimestampWithTimeZone > */
+) RETURNS INT /* i32 */
+VOLATILE PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'premake_partitions_wrapper';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/partitions.rs:15
+-- requires:
+--   premake_partitions
+
+
+COMMENT ON FUNCTION idempotency.premake_partitions(timestamptz) IS
+'Creates the missing partitions of idempotency.records from as_of to idempotency.premake intervals ahead; returns how many.';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/partitions.rs:64
 -- idempotency::api::partitions::idempotency::partition_range
 CREATE  FUNCTION idempotency."partition_range"(
 	"bound" TEXT /* & str */
@@ -798,23 +1177,23 @@ SELECT c.oid::pg_catalog.regclass                             AS partition,
  WHERE i.inhparent OPERATOR(pg_catalog.=) 'idempotency.records'::pg_catalog.regclass::pg_catalog.oid
  ORDER BY b.range_from NULLS LAST;
 
+GRANT SELECT ON idempotency.partitions TO idempotency_admin, pg_monitor;
 COMMENT ON VIEW idempotency.partitions IS 'Partitions of idempotency.records: range, estimated rows, size, when retention drops each, and when it was sealed (no new rows) with its filter''s size.';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/api/partitions.rs:16
--- idempotency::api::partitions::idempotency::premake_partitions
-CREATE  FUNCTION idempotency."premake_partitions"(
-	"as_of" timestamp with time zone DEFAULT now() /* Option < TimestampWithTimeZone > */
-) RETURNS INT /* i32 */
-VOLATILE PARALLEL UNSAFE
-SET search_path TO pg_catalog, pg_temp
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'premake_partitions_wrapper';
+-- src/api/partitions.rs:51
+-- requires:
+--   partition_range
+
+
+GRANT EXECUTE ON FUNCTION idempotency.partition_range(text) TO idempotency_admin, pg_monitor;
+COMMENT ON FUNCTION idempotency.partition_range(text) IS
+'The range [range_from, range_to) of a partition bound (pg_class.relpartbound as text), read from its node tree (no row for a default partition); what idempotency.partitions shows, unmoved by DateStyle or TimeZone.';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/api/partitions.rs:25
+-- src/api/partitions.rs:43
 -- idempotency::api::partitions::idempotency::seal_partition
 CREATE  FUNCTION idempotency."seal_partition"(
 	"part" oid /* Option < pg_sys :: Oid > */
@@ -826,81 +1205,13 @@ AS 'MODULE_PATHNAME', 'seal_partition_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/api/grants.rs:20
-CREATE SCHEMA IF NOT EXISTS idempotency; /* idempotency::api::grants::idempotency */
-/* </end connected objects> */
-
-/* <begin connected objects> */
--- src/api/grants.rs:26
--- idempotency::api::grants::idempotency::scope_grants_changed
-CREATE FUNCTION idempotency."scope_grants_changed"()
-	RETURNS TRIGGER
-	LANGUAGE c
-	AS 'MODULE_PATHNAME', 'scope_grants_changed_wrapper';
-/* </end connected objects> */
-
-/* <begin connected objects> */
--- src/api/grants.rs:7
+-- src/api/partitions.rs:33
 -- requires:
---   bootstrap
---   idempotency::scope_grants_changed
+--   seal_partition
 
--- Scope and consumer-group grants (see src/storage/grants.rs and docs/security.md). Off until the first
--- grant of a kind: without grants every member of idempotency_consumer is trusted with every scope and
--- group. role is a regrole, so that pg_dump writes it as the role's name; pattern is a scope or group name,
--- or a prefix followed by '*'.
-CREATE TABLE idempotency.scope_grants (
-    role       regrole NOT NULL,
-    kind       text NOT NULL CHECK (kind IN ('scope', 'group')),
-    pattern    text COLLATE "C" NOT NULL CHECK (pattern <> ''),
-    granted_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
-    PRIMARY KEY (role, kind, pattern)
-);
-COMMENT ON TABLE idempotency.scope_grants IS
-'Which roles may call with which scopes and consumer groups (idem_grant_scope, idem_grant_group). Enforced once a kind has a grant, or always with idempotency.require_scope_grants.';
--- Every change, by the functions below or by hand, tells every backend to read the grants again.
-CREATE TRIGGER scope_grants_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON idempotency.scope_grants
-    FOR EACH STATEMENT EXECUTE FUNCTION idempotency.scope_grants_changed();
-SELECT pg_catalog.pg_extension_config_dump('idempotency.scope_grants', '');
 
-CREATE FUNCTION idempotency.grant_pattern(grantee regrole, kind text, pattern text, revoke boolean)
-RETURNS boolean LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-    done boolean;
-BEGIN
-    IF grantee IS NULL OR pattern IS NULL THEN
-        RAISE EXCEPTION 'idempotency: role and % must not be NULL', kind USING ERRCODE = 'null_value_not_allowed';
-    END IF;
-    IF pattern = '' THEN
-        RAISE EXCEPTION 'idempotency: % must not be empty', kind
-            USING ERRCODE = 'invalid_parameter_value', HINT = 'Grant ''*'' for every name.';
-    END IF;
-    IF revoke THEN
-        DELETE FROM idempotency.scope_grants g WHERE g.role = grantee AND g.kind = grant_pattern.kind
-                                                 AND g.pattern = grant_pattern.pattern;
-    ELSE
-        INSERT INTO idempotency.scope_grants (role, kind, pattern) VALUES (grantee, grant_pattern.kind, grant_pattern.pattern)
-            ON CONFLICT DO NOTHING;
-    END IF;
-    GET DIAGNOSTICS done = ROW_COUNT;
-    RETURN done;
-END
-$$;
-COMMENT ON FUNCTION idempotency.grant_pattern(regrole, text, text, boolean) IS
-'What idem_grant_scope, idem_revoke_scope, idem_grant_group and idem_revoke_group do.';
-
-CREATE FUNCTION idem_grant_scope(role regrole, scope text) RETURNS boolean
-LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-AS $$ SELECT idempotency.grant_pattern(role, 'scope', scope, false) $$;
-CREATE FUNCTION idem_revoke_scope(role regrole, scope text) RETURNS boolean
-LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-AS $$ SELECT idempotency.grant_pattern(role, 'scope', scope, true) $$;
-CREATE FUNCTION idem_grant_group(role regrole, consumer_group text) RETURNS boolean
-LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-AS $$ SELECT idempotency.grant_pattern(role, 'group', consumer_group, false) $$;
-CREATE FUNCTION idem_revoke_group(role regrole, consumer_group text) RETURNS boolean
-LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-AS $$ SELECT idempotency.grant_pattern(role, 'group', consumer_group, true) $$;
+COMMENT ON FUNCTION idempotency.seal_partition(oid) IS
+'Seals a partition of idempotency.records (an oid: pass ''idempotency.records_p...''::regclass) now and builds its membership filter (maintenance seals past partitions by itself). Waits for the partition''s writers within lock_timeout. Sealing the partition of the present moves new keys to the next one. False if it was sealed already.';
 /* </end connected objects> */
 
 /* <begin connected objects> */
@@ -909,7 +1220,31 @@ CREATE SCHEMA IF NOT EXISTS idempotency; /* idempotency::api::observe::idempoten
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/api/observe.rs:82
+-- src/api/observe.rs:56
+-- idempotency::api::observe::idempotency::scope_stats
+CREATE  FUNCTION idempotency."scope_stats"() RETURNS TABLE (
+	"scope" TEXT,  /* Option < String > */
+	"counts" bigint[],  /* Vec < i64 > */
+	"stats_reset" timestamp with time zone  /* Option < Ts > */
+)
+STRICT VOLATILE PARALLEL SAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'scope_stats_wrapper';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/observe.rs:45
+-- requires:
+--   scope_stats
+
+
+GRANT EXECUTE ON FUNCTION idempotency.scope_stats() TO idempotency_admin, pg_monitor;
+COMMENT ON FUNCTION idempotency.scope_stats() IS
+'The counters behind idempotency.stats, per scope, in the order of its columns (lock waits in microseconds).';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/observe.rs:112
 -- idempotency::api::observe::idempotency::stats_totals
 CREATE  FUNCTION idempotency."stats_totals"() RETURNS TABLE (
 	"counts" bigint[],  /* Vec < i64 > */
@@ -923,7 +1258,18 @@ AS 'MODULE_PATHNAME', 'stats_totals_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/api/observe.rs:56
+-- src/api/observe.rs:100
+-- requires:
+--   stats_totals
+
+
+GRANT EXECUTE ON FUNCTION idempotency.stats_totals() TO idempotency_admin, pg_monitor;
+COMMENT ON FUNCTION idempotency.stats_totals() IS
+'The counters behind idem_stats(), added up over the scopes of this database.';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/observe.rs:76
 -- idempotency::api::observe::idempotency::maintenance_state
 CREATE  FUNCTION idempotency."maintenance_state"() RETURNS TABLE (
 	"last_round_at" timestamp with time zone,  /* Option < Ts > */
@@ -936,19 +1282,6 @@ CREATE  FUNCTION idempotency."maintenance_state"() RETURNS TABLE (
 STRICT VOLATILE PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'maintenance_state_wrapper';
-/* </end connected objects> */
-
-/* <begin connected objects> */
--- src/api/observe.rs:46
--- idempotency::api::observe::idempotency::scope_stats
-CREATE  FUNCTION idempotency."scope_stats"() RETURNS TABLE (
-	"scope" TEXT,  /* Option < String > */
-	"counts" bigint[],  /* Vec < i64 > */
-	"stats_reset" timestamp with time zone  /* Option < Ts > */
-)
-STRICT VOLATILE PARALLEL SAFE
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'scope_stats_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
@@ -989,6 +1322,9 @@ SELECT s.scope,
        s.counts[17] AS heartbeats,
        s.stats_reset
   FROM idempotency.scope_stats() s;
+GRANT SELECT ON idempotency.stats TO idempotency_admin, pg_monitor;
+COMMENT ON VIEW idempotency.stats IS
+'Cumulative counters per scope of this database since stats_reset (shared memory; needs shared_preload_libraries). Counted when the calling transaction ends, committed or not. scope NULL: the scopes beyond idempotency.stats_max_scopes. claims = claimed_new + takeovers + retries + answered_*.';
 
 CREATE FUNCTION idem_stats()
 RETURNS TABLE (claims bigint, claimed_new bigint, takeovers bigint, retries bigint,
@@ -1004,6 +1340,9 @@ SELECT t.counts[1], t.counts[2], t.counts[3], t.counts[4], t.counts[5], t.counts
        t.scopes, t.enabled, t.stats_reset
   FROM idempotency.stats_totals() t
 $$;
+GRANT EXECUTE ON FUNCTION idem_stats() TO idempotency_admin, pg_monitor;
+COMMENT ON FUNCTION idem_stats() IS
+'The counters of idempotency.stats added up over all scopes of this database, with the number of scopes, whether counting is on (library preloaded and idempotency.stats on) and the oldest stats_reset.';
 
 -- Keys that are pending: held by a live lease, with an ended lease nobody took over yet, or released
 -- by a retryable failure. Pending rows always have expires_at, so the expires_at index finds them
@@ -1022,6 +1361,9 @@ SELECT r.scope,
        pg_catalog.clock_timestamp() - r.created_at AS age
   FROM idempotency.records r
  WHERE r.expires_at IS NOT NULL AND r.status = 'pending';
+GRANT SELECT ON idempotency.in_flight TO idempotency_admin;
+COMMENT ON VIEW idempotency.in_flight IS
+'Pending keys: state leased (live lease), expired (lease ended, not taken over yet) or released (a retryable failure, waiting for the next claim); age = now - created_at.';
 
 -- Terminal failures: idem_fail(retryable => false), retryable failures past idempotency.max_attempts,
 -- and poison messages (error = {"error": "max_attempts_exceeded", ...}).
@@ -1034,6 +1376,9 @@ SELECT r.scope,
        r.updated_at AS failed_at
   FROM idempotency.records r
  WHERE r.status = 'failed';
+GRANT SELECT ON idempotency.dead_letters TO idempotency_admin;
+COMMENT ON VIEW idempotency.dead_letters IS
+'Terminal failures with their stored error: idem_fail(retryable => false), retries past idempotency.max_attempts, poison messages. idem_redrive makes them claimable again.';
 
 -- A health snapshot, computed now: one row per scope that has records (one row with scope NULL when
 -- none has), the database-wide figures repeated on each. Reads every retained record once.
@@ -1082,21 +1427,27 @@ SELECT k.scope,
   LEFT JOIN k ON true
  ORDER BY k.scope
 $$;
+GRANT EXECUTE ON FUNCTION idem_metrics() TO idempotency_admin, pg_monitor;
+COMMENT ON FUNCTION idem_metrics() IS
+'Health snapshot computed now, one row per scope: retained, completed, in flight, oldest in flight, expired leases, awaiting retry, dead letters; and for the database: partitions, premade_ahead, the maintenance rounds (needs the library preloaded), worker_running. Reads every retained record.';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/observe.rs:64
+-- requires:
+--   maintenance_state
+
+
+GRANT EXECUTE ON FUNCTION idempotency.maintenance_state() TO idempotency_admin, pg_monitor;
+COMMENT ON FUNCTION idempotency.maintenance_state() IS
+'The last maintenance round of this database since the server started (worker or idem_maintenance()), how many ran and failed, the last error. Empty without the library preloaded.';
 /* </end connected objects> */
 
 /* <begin connected objects> */
 -- src/lib.rs:27
 -- finalize
--- Privileges, documentation and the first partitions. Runs after the generated functions.
-
--- The API is not for PUBLIC: grant the role idempotency_consumer to the roles that consume.
-DO $$
-BEGIN
-    IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'idempotency_consumer') THEN
-        CREATE ROLE idempotency_consumer NOLOGIN;
-    END IF;
-END
-$$;
+-- Runs after everything else: no function is executable by PUBLIC (each function's grants and comment
+-- sit beside it: the Rust function's extension_sql!, or the SQL file that creates it), and what pg_dump keeps.
 
 -- No function of the extension is executable by PUBLIC. (Here, as everywhere in the extension's scripts,
 -- every operator has operands of exactly its types and every function is qualified: the script runs with
@@ -1116,138 +1467,6 @@ BEGIN
     END LOOP;
 END
 $$;
-
--- What a consumer needs. (idem_reset_offset and idempotency.* stay with the owner: DBA moves.)
-GRANT EXECUTE ON FUNCTION
-    idem_claim(text, interval, text, text, boolean),
-    idem_complete(text, jsonb, text, bigint),
-    idem_fail(text, jsonb, boolean, text, bigint),
-    idem_heartbeat(text, interval, text, bigint),
-    idem_once(text, text),
-    idem_status(text, text),
-    idem_claim_batch(text[], interval, text),
-    idem_complete_batch(text[], jsonb[], text, bigint[]),
-    idem_once_batch(text[], text),
-    idem_record_offset(text, text, integer, bigint, bigint),
-    idem_next_offset(text, text, integer),
-    idem_offsets(text, text),
-    idem_key(uuid, text[]),
-    idem_fingerprint(jsonb, text[])
-TO idempotency_consumer;
-
-COMMENT ON FUNCTION idem_claim(text, interval, text, text, boolean) IS
-'Claims (scope, key) for processing. outcome: claimed (you own it; token is your fencing token), completed (payload replays the stored result), in_progress (another holder''s lease is live), failed (terminal; payload is the stored error), mismatch (same key, different fingerprint). ttl NULL = idempotency.lease_ttl.';
-COMMENT ON FUNCTION idem_complete(text, jsonb, text, bigint) IS
-'Marks a claimed key completed and stores payload for replay. token may be NULL only in the transaction that claimed. Errors: P0002 unknown key, 55000 already terminal, 55006 lease lost.';
-COMMENT ON FUNCTION idem_fail(text, jsonb, boolean, text, bigint) IS
-'Records a failed attempt. retryable: releases the key for another claim and returns released, or returns failed once idempotency.max_attempts is reached. Not retryable: terminal at once, returns failed.';
-COMMENT ON FUNCTION idem_heartbeat(text, interval, text, bigint) IS
-'Extends the caller''s lease to now + ttl and returns the new expires_at. 55006 if the lease was lost.';
-COMMENT ON FUNCTION idem_once(text, text) IS
-'True exactly once per (scope, key) over all committed transactions; records the key as completed in the caller''s transaction.';
-COMMENT ON FUNCTION idem_status(text, text) IS
-'The stored record of (scope, key): status, attempts, token, payload, error and timestamps; no row if unknown.';
-COMMENT ON FUNCTION idem_claim_batch(text[], interval, text) IS
-'Claims many keys of one scope in one call (one broker poll); one row per input key, in input order, with the same outcomes as idem_claim. Keys are locked in sorted order.';
-COMMENT ON FUNCTION idem_complete_batch(text[], jsonb[], text, bigint[]) IS
-'Completes many claimed keys; payloads and tokens, when given, pair with keys by position. All or nothing; returns the number completed.';
-COMMENT ON FUNCTION idem_once_batch(text[], text) IS
-'The keys of the batch seen for the first time over all committed transactions, each once, in input order; records them as completed.';
-COMMENT ON FUNCTION idem_record_offset(text, text, integer, bigint, bigint) IS
-'Stores processed_offset + 1 as the next offset of (consumer_group, topic, partition) in the caller''s transaction. False when processed_offset is not beyond the stored position (a duplicate). 55006 when generation is older than the stored one.';
-COMMENT ON FUNCTION idem_next_offset(text, text, integer) IS
-'Where to seek on restart: last processed offset + 1, or NULL when nothing is stored.';
-COMMENT ON FUNCTION idem_offsets(text, text) IS
-'Stored positions of a consumer group (optionally one topic), for the startup seek.';
-COMMENT ON FUNCTION idem_key(uuid, text[]) IS
-'A key derived from a message''s identifying parts: the version-5 UUID of namespace and the parts (each as <UTF-8 length>:<bytes>;), as text. The client libraries compute the same value.';
-COMMENT ON FUNCTION idem_fingerprint(jsonb, text[]) IS
-'A request fingerprint for idem_claim: hex SHA-256 of the RFC 8785 canonical JSON of the document, or of an object mapping each given JSON Pointer to its value (null when absent). The client libraries compute the same value.';
-COMMENT ON FUNCTION idem_reset_offset(text, text, integer, bigint, bigint) IS
-'Sets the next offset of (consumer_group, topic, partition), backwards or forwards, and, when generation is given, the stored generation (lower or higher: a zombie''s huge generation is undone here). For DBAs; not granted to idempotency_consumer.';
-COMMENT ON FUNCTION idem_maintenance(timestamptz) IS
-'One maintenance round as of as_of: premake partitions, drop those older than idempotency.retention, reclaim leases expired longer than idempotency.reclaim_after. What the background worker runs; call it from cron when the library cannot be preloaded.';
-COMMENT ON FUNCTION idem_partman_handover() IS
-'Registers idempotency.records with pg_partman (create_parent, retention and premake from the GUCs). Set idempotency.partition_manager = pg_partman first.';
-COMMENT ON FUNCTION idempotency.seal_partition(oid) IS
-'Seals a partition of idempotency.records (an oid: pass ''idempotency.records_p...''::regclass) now and builds its membership filter (maintenance seals past partitions by itself). Waits for the partition''s writers within lock_timeout. Sealing the partition of the present moves new keys to the next one. False if it was sealed already.';
-COMMENT ON FUNCTION idempotency.partition_range(text) IS
-'The range [range_from, range_to) of a partition bound (pg_class.relpartbound as text), read from its node tree (no row for a default partition); what idempotency.partitions shows, unmoved by DateStyle or TimeZone.';
-COMMENT ON FUNCTION idempotency.premake_partitions(timestamptz) IS
-'Creates the missing partitions of idempotency.records from as_of to idempotency.premake intervals ahead; returns how many.';
-
--- Watching and steering: idempotency_admin redrives and forgets keys and resets the statistics;
--- it and pg_monitor read the statistics, the health snapshot and the partitions. Only idempotency_admin
--- reads the views of keys in flight and dead letters: keys, live fencing tokens and stored errors often
--- hold personal data, and a token lets its reader complete another consumer's lease. Consumers get none
--- of it.
-DO $$
-BEGIN
-    IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'idempotency_admin') THEN
-        CREATE ROLE idempotency_admin NOLOGIN;
-    END IF;
-END
-$$;
-GRANT USAGE ON SCHEMA idempotency TO idempotency_admin, pg_monitor;
-GRANT SELECT ON idempotency.stats, idempotency.partitions TO idempotency_admin, pg_monitor;
-GRANT SELECT ON idempotency.in_flight, idempotency.dead_letters TO idempotency_admin;
-GRANT EXECUTE ON FUNCTION
-    idem_stats(),
-    idem_metrics(),
-    idempotency.scope_stats(),
-    idempotency.stats_totals(),
-    idempotency.maintenance_state(),
-    idempotency.partition_range(text)
-TO idempotency_admin, pg_monitor;
--- Scope and consumer-group grants (sql/grants.sql): idempotency_admin fences consumers by scope.
-GRANT SELECT ON idempotency.scope_grants TO idempotency_admin;
-GRANT EXECUTE ON FUNCTION
-    idem_grant_scope(regrole, text),
-    idem_revoke_scope(regrole, text),
-    idem_grant_group(regrole, text),
-    idem_revoke_group(regrole, text)
-TO idempotency_admin;
-COMMENT ON FUNCTION idem_grant_scope(regrole, text) IS
-'Lets members of role call with scope (a name, or a prefix followed by *). Once any scope is granted, a consumer without a grant gets 42501 from every call with a scope (idempotency.require_scope_grants enforces it before the first grant). True when the grant is new. For idempotency_admin.';
-COMMENT ON FUNCTION idem_revoke_scope(regrole, text) IS
-'Takes back a grant of idem_grant_scope (the same role and pattern); true when there was one. For idempotency_admin.';
-COMMENT ON FUNCTION idem_grant_group(regrole, text) IS
-'Lets members of role record and read the offsets of consumer_group (a name, or a prefix followed by *). Once any group is granted, a consumer without a grant gets 42501 from the offset calls of other groups. True when the grant is new. For idempotency_admin.';
-COMMENT ON FUNCTION idem_revoke_group(regrole, text) IS
-'Takes back a grant of idem_grant_group (the same role and pattern); true when there was one. For idempotency_admin.';
-COMMENT ON FUNCTION idempotency.scope_grants_changed() IS
-'Statement trigger of idempotency.scope_grants: every backend reads the grants again after the change commits.';
-GRANT EXECUTE ON FUNCTION
-    idem_stats_reset(text),
-    idem_redrive(text, text),
-    idem_redrive_scope(text, timestamptz, integer),
-    idem_forget(text, text)
-TO idempotency_admin;
-
-COMMENT ON VIEW idempotency.stats IS
-'Cumulative counters per scope of this database since stats_reset (shared memory; needs shared_preload_libraries). Counted when the calling transaction ends, committed or not. scope NULL: the scopes beyond idempotency.stats_max_scopes. claims = claimed_new + takeovers + retries + answered_*.';
-COMMENT ON VIEW idempotency.in_flight IS
-'Pending keys: state leased (live lease), expired (lease ended, not taken over yet) or released (a retryable failure, waiting for the next claim); age = now - created_at.';
-COMMENT ON VIEW idempotency.dead_letters IS
-'Terminal failures with their stored error: idem_fail(retryable => false), retries past idempotency.max_attempts, poison messages. idem_redrive makes them claimable again.';
-COMMENT ON FUNCTION idem_stats() IS
-'The counters of idempotency.stats added up over all scopes of this database, with the number of scopes, whether counting is on (library preloaded and idempotency.stats on) and the oldest stats_reset.';
-COMMENT ON FUNCTION idem_stats_reset(text) IS
-'Zeroes the counters of one scope, or of all scopes of this database (NULL); returns the time of the reset. For idempotency_admin.';
-COMMENT ON FUNCTION idem_metrics() IS
-'Health snapshot computed now, one row per scope: retained, completed, in flight, oldest in flight, expired leases, awaiting retry, dead letters; and for the database: partitions, premade_ahead, the maintenance rounds (needs the library preloaded), worker_running. Reads every retained record.';
-COMMENT ON FUNCTION idem_redrive(text, text) IS
-'Makes a failed (dead-letter) key claimable again: released, attempts counted from zero, error kept. False when the key is not failed; P0002 when unknown. Takes the key lock. For idempotency_admin.';
-COMMENT ON FUNCTION idem_redrive_scope(text, timestamptz, integer) IS
-'Redrives up to max_keys failed keys of a scope (failed since failed_since, when given), in key order; returns how many. Call again until 0. Holds each key''s lock until commit. For idempotency_admin.';
-COMMENT ON FUNCTION idem_forget(text, text) IS
-'Deletes a key''s record whatever its state, so that it is processed again from scratch; false when unknown. A holder of its lease then gets P0002. Takes the key lock. For idempotency_admin.';
-COMMENT ON FUNCTION idempotency.scope_stats() IS
-'The counters behind idempotency.stats, per scope, in the order of its columns (lock waits in microseconds).';
-COMMENT ON FUNCTION idempotency.stats_totals() IS
-'The counters behind idem_stats(), added up over the scopes of this database.';
-COMMENT ON FUNCTION idempotency.maintenance_state() IS
-'The last maintenance round of this database since the server started (worker or idem_maintenance()), how many ran and failed, the last error. Empty without the library preloaded.';
 
 -- No partition is made here. A dump restored into this database brings its own partitions, and any
 -- made now would collide with them (CREATE EXTENSION cannot tell a restore from a new install: it
