@@ -39,6 +39,11 @@ def targets(bench):
 
     for cls in ("on", "off"):
         lab = PG_DURABILITY[cls]
+        for n in (100, 1000):
+            add(f"idem_once_batch({n}) >= 0.9x bare batch insert ({lab})", ">= 0.90", ratio(f"bo_{n}", f"bf_{n}", cls),
+                lambda v: v >= 0.9, f"keys/s bo_{n} / bf_{n}, new keys, {top} clients")
+            add(f"claim + complete batches({n}) >= 1.0x hand-written batch ({lab})", ">= 1.00",
+                ratio(f"bc_{n}", f"bh_{n}", cls), lambda v: v >= 1.0, f"keys/s bc_{n} / bh_{n}, new keys, {top} clients")
         add(f"idem_once alone >= 0.9x floor ({lab})", ">= 0.90", ratio("w2a", "w1", cls), lambda v: v >= 0.9,
             f"throughput w2a / w1, new keys, {top} clients")
         add(f"idem_once + business row >= 1.25x 5a + business row ({lab})", ">= 1.25", ratio("w2b", "w5a_biz", cls),

@@ -44,6 +44,15 @@ WORKLOADS = {
     "b_claim_10": ("batch", "7 idem_claim_batch, 10 keys/call", "keys/s"),
     "b_claim_100": ("batch", "7 idem_claim_batch, 100 keys/call", "keys/s"),
     "b_claim_1000": ("batch", "7 idem_claim_batch, 1000 keys/call", "keys/s"),
+    # Batches side by side with what users write by hand for a poll, per batch size (issue 21).
+    "bf_100": ("batch100", "12 bare batch INSERT ... ON CONFLICT DO NOTHING, 100 keys", "keys/s"),
+    "bo_100": ("batch100", "12 idem_once_batch, 100 keys", "keys/s"),
+    "bh_100": ("batch100", "12 hand-written INSERT PENDING; UPDATE COMPLETED, 100 keys, 1 tx", "keys/s"),
+    "bc_100": ("batch100", "12 idem_claim_batch + idem_complete_batch, 100 keys, 1 tx", "keys/s"),
+    "bf_1000": ("batch1000", "12 bare batch INSERT ... ON CONFLICT DO NOTHING, 1000 keys", "keys/s"),
+    "bo_1000": ("batch1000", "12 idem_once_batch, 1000 keys", "keys/s"),
+    "bh_1000": ("batch1000", "12 hand-written INSERT PENDING; UPDATE COMPLETED, 1000 keys, 1 tx", "keys/s"),
+    "bc_1000": ("batch1000", "12 idem_claim_batch + idem_complete_batch, 1000 keys, 1 tx", "keys/s"),
     "py_floor": ("pydriver", "1 floor, Python driver", "tx/s"),
     "py_5c": ("pydriver", "5c plain INSERT, Python driver (dup = caught error)", "tx/s"),
     "g_0": ("growth", "8 idem_claim, 0 retained keys (+10k baseline)", "tx/s"),
@@ -69,9 +78,9 @@ WORKLOADS = {
 REFERENCE = {
     "dedup": "w1", "business": "w5a_biz", "message": "w5a", "batch": "r_nx_p16",
     "pydriver": "py_floor", "growth": "g_0", "partitions": "p_0", "week": "wk_w1", "month": "mo_w1",
-    "stats": "st_off",
+    "stats": "st_off", "batch100": "bf_100", "batch1000": "bf_1000",
 }
-GROUP_ORDER = ["dedup", "business", "message", "batch", "pydriver", "growth", "partitions", "week", "month", "stats"]
+GROUP_ORDER = ["dedup", "business", "message", "batch", "batch100", "batch1000", "pydriver", "growth", "partitions", "week", "month", "stats"]
 # In this order, so that the rows a ratio compares run back to back (noise hits them alike).
 PGBENCH_SCRIPTS = {
     "w1": "w1_floor.sql", "w2a": "w2a_once.sql", "w5c": "w5c_plain_insert.sql",
@@ -140,6 +149,14 @@ def pg_jobs(bench, sync):
                     if not bench.wanted(wid) or (a.quick and (n == 100 or (dup and n == 10))):
                         continue  # --quick: fewer sizes, to stay under 5 minutes
                     fn = pgbench_fn(f"w7_{kind}_batch.sql", clients, {"dup": dup, "dupkeys": DUPKEYS, "n": n})
+                    jobs.append(job(wid, keys, sync, dur, clients, "pgbench", fn, unit_factor=n))
+            # Issue 21's batches: each beside its hand-written counterpart, the same keys drawn the same way.
+            for n in (100, 1000):
+                for wid, script in ((f"bf_{n}", "w12_floor_batch.sql"), (f"bo_{n}", "w12_once_batch.sql"),
+                                    (f"bh_{n}", "w12_hand_batch.sql"), (f"bc_{n}", "w12_claim_complete_batch.sql")):
+                    if not bench.wanted(wid) or (a.quick and dup):
+                        continue
+                    fn = pgbench_fn(script, clients, {"dup": dup, "dupkeys": DUPKEYS, "n": n})
                     jobs.append(job(wid, keys, sync, dur, clients, "pgbench", fn, unit_factor=n))
             for wid, w in (("py_floor", "floor"), ("py_5c", "plain_insert")):
                 if not bench.wanted(wid) or (a.quick and dup and wid == "py_floor"):
