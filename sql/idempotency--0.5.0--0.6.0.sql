@@ -262,7 +262,7 @@ COMMENT ON FUNCTION idempotency.scope_grants_changed() IS
 'Statement trigger of idempotency.scope_grants: every backend reads the grants again after the change commits.';
 
 CREATE FUNCTION idempotency.delegated_functions() RETURNS SETOF text
-IMMUTABLE PARALLEL SAFE
+IMMUTABLE STRICT PARALLEL SAFE
 LANGUAGE c
 AS 'MODULE_PATHNAME', 'delegated_functions_wrapper';
 REVOKE ALL ON FUNCTION idempotency.delegated_functions() FROM PUBLIC;

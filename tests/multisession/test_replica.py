@@ -369,7 +369,7 @@ def writing_calls(pair):
 # The reading functions, which work on a standby (test_standby_reads_what_the_primary_committed), and the
 # pure key and fingerprint helpers.
 READING = {"idem_status", "idem_offsets", "idem_next_offset", "idem_key", "idem_fingerprint", "idem_metrics",
-           "idempotency.partition_range"}
+           "idempotency.partition_range", "idempotency.delegated_functions"}
 # The statistics are each server's own shared memory: they work on a standby too, where they count
 # nothing (it writes nothing) and their reset touches only the standby's.
 STATISTICS = {"idem_stats", "idem_stats_reset", "idempotency.scope_stats", "idempotency.stats_totals",
