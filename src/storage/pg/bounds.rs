@@ -58,7 +58,7 @@ unsafe fn range_of(spec: *mut pg_sys::PartitionBoundSpec) -> Option<(pg_sys::Tim
         if spec.is_null()
             || (*spec).type_ != pg_sys::NodeTag::T_PartitionBoundSpec
             || (*spec).is_default
-            || (*spec).strategy != pg_sys::PARTITION_STRATEGY_RANGE as std::ffi::c_char
+            || (*spec).strategy as u8 != super::compat::PARTITION_STRATEGY_RANGE
         {
             return None;
         }

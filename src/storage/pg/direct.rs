@@ -79,7 +79,7 @@ unsafe fn layout(rel: pg_sys::Relation) -> Layout {
     // Every live column is a record column (`error`, always NULL here, is the eleventh): a column a
     // DBA added to the record table may have a default, which only the executor's INSERT applies.
     let desc = (*rel).rd_att;
-    let live = (*desc).attrs.as_slice((*desc).natts as usize).iter().filter(|a| !a.attisdropped).count();
+    let live = super::compat::tuple_desc_attrs(desc).iter().filter(|a| !a.attisdropped).count();
     let mut columns = [0usize; 10];
     let mut found = plain && live == COLUMN_NAMES.len() + 1;
     for (slot, name) in columns.iter_mut().zip(COLUMN_NAMES) {
@@ -146,7 +146,7 @@ pub fn insert(partition: pg_sys::Oid, row: &Row) -> bool {
         pg_sys::ExecOpenIndices(result, false);
         pg_sys::simple_table_tuple_insert(rel, slot);
         if (*result).ri_NumIndices > 0 {
-            pg_sys::ExecInsertIndexTuples(result, slot, estate, false, false, std::ptr::null_mut(), std::ptr::null_mut());
+            super::compat::insert_index_tuples(result, slot, estate);
         }
         pg_sys::ExecCloseIndices(result);
         pg_sys::FreeExecutorState(estate);

@@ -1,5 +1,6 @@
 //! The PostgreSQL plumbing under the storage: everything that talks to PostgreSQL's internals, and the
-//! only place with calls that differ between PostgreSQL versions. Nothing here knows what a claim is.
+//! only place with calls that differ between PostgreSQL versions (each written once, in `compat`).
+//! Nothing here knows what a claim is.
 //!
 //! - `spi`: saved statements run as the storage's owner (`owner`); `settings`: session settings pinned
 //!   while the storage runs DDL or maintenance;
@@ -9,9 +10,11 @@
 //!   bounds read from the catalog;
 //! - `keylock`: the per-key lock and the storage's other advisory locks; `xact`: transaction facts;
 //! - `document`: jsonb payloads passed through; `filter`: the membership filter's arithmetic;
-//!   `sealed`: what a backend knows of the sealed partitions, and the reads of their filters.
+//!   `sealed`: what a backend knows of the sealed partitions, and the reads of their filters;
+//! - `compat`: the calls whose form differs between PostgreSQL 15, 16, 17 and 18.
 pub mod bounds;
 pub mod catalog;
+pub mod compat;
 pub mod direct;
 pub mod document;
 pub mod filter;

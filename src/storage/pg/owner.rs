@@ -5,13 +5,19 @@
 //! its cost: that wrapper saves and restores the GUC state and invalidates the cached search path
 //! at every call (measured: 10-17% of `idem_once`'s throughput). Consumers hold no privilege on the
 //! storage, and a caller's schemas never shadow an operator or function of our statements.
+//! (PostgreSQL 17 dropped override search paths: there the section sets `search_path` at a GUC nest
+//! level, as 17's own maintenance commands do, and pays part of that cost; see `compat`.)
 use pgrx::pg_sys;
 
 /// The switch to the owner, undone when dropped. On an ERROR, PostgreSQL's (sub)transaction abort
-/// restores the role and pops the search path itself, so nothing is done while unwinding.
+/// restores the role and the search path itself, so nothing is done while unwinding. The search path
+/// section is `compat`'s: an override search path up to PostgreSQL 16, `search_path` set at a GUC nest
+/// level from 17 on.
 pub struct AsOwner {
     caller: pg_sys::Oid,
     caller_context: i32,
+    /// What ends the search path section (`compat::end_catalog_search_path`).
+    search_path: i32,
 }
 
 impl AsOwner {
@@ -29,16 +35,8 @@ impl AsOwner {
                 caller_context | pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32,
             );
         }
-        let mut path = pg_sys::OverrideSearchPath {
-            schemas: std::ptr::null_mut(),
-            addCatalog: true,
-            addTemp: false,
-            generation: 0,
-        };
-        // SAFETY: PushOverrideSearchPath copies the struct into its own memory; the pointer is only
-        // read during the call.
-        unsafe { pg_sys::PushOverrideSearchPath(&mut path) };
-        AsOwner { caller, caller_context }
+        let search_path = super::compat::begin_catalog_search_path();
+        AsOwner { caller, caller_context, search_path }
     }
 }
 
@@ -46,9 +44,10 @@ impl Drop for AsOwner {
     fn drop(&mut self) {
         if !std::thread::panicking() {
             // SAFETY: undoes exactly what `switch` did, in reverse order, in the same transaction
-            // (an abort in between would have unwound instead).
+            // (an abort in between would have unwound instead); sections opened inside this one
+            // (SPI connections, pinned settings) were dropped before it.
             unsafe {
-                pg_sys::PopOverrideSearchPath();
+                super::compat::end_catalog_search_path(self.search_path);
                 pg_sys::SetUserIdAndSecContext(self.caller, self.caller_context);
             }
         }

@@ -231,7 +231,7 @@ unsafe fn open_partition(relid: pg_sys::Oid, snapshot: pg_sys::Snapshot) -> Part
     let heap = pg_sys::table_open(relid, pg_sys::AccessShareLock as i32);
     let layout = layout(heap);
     let index = pg_sys::index_open(layout.index, pg_sys::AccessShareLock as i32);
-    let scan = pg_sys::index_beginscan(heap, index, snapshot, 2, 0);
+    let scan = super::compat::index_beginscan(heap, index, snapshot, 2, 0);
     let slot = pg_sys::table_slot_create(heap, std::ptr::null_mut());
     Partition { heap, index, scan, slot, columns: layout.columns }
 }
@@ -286,7 +286,7 @@ unsafe fn collect_leaves(
 unsafe fn range_starts(desc: pg_sys::PartitionDesc) -> Vec<Option<pg_sys::TimestampTz>> {
     let mut starts = vec![None; (*desc).nparts as usize];
     let bounds = (*desc).boundinfo;
-    if bounds.is_null() || (*bounds).strategy as u8 != pg_sys::PARTITION_STRATEGY_RANGE {
+    if bounds.is_null() || (*bounds).strategy as u8 != super::compat::PARTITION_STRATEGY_RANGE {
         return starts;
     }
     // Range bounds are sorted; indexes[i] is the partition whose range ends at bound i, and so
