@@ -127,7 +127,10 @@ def as_postgres(args, **kw):
     """subprocess.run of a command as the postgres OS user (through sudo, unless we are postgres)."""
     args = [str(a) for a in args]
     if pwd.getpwuid(os.geteuid()).pw_name != "postgres":
-        args = ["sudo", "-u", "postgres", "-H", *args]
+        # sudo drops LD_LIBRARY_PATH; a PostgreSQL of another major than Debian's needs its own libpq
+        # (scripts/test sets it for those), so it is handed on explicitly.
+        keep = [f"LD_LIBRARY_PATH={os.environ['LD_LIBRARY_PATH']}"] if os.environ.get("LD_LIBRARY_PATH") else []
+        args = ["sudo", "-u", "postgres", "-H", *(["env", *keep] if keep else []), *args]
     return subprocess.run(args, **kw)
 
 

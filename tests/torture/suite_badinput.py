@@ -24,6 +24,7 @@ back), so the storage stays at the baseline written by the setup.
 """
 from dataclasses import dataclass, field
 
+import pgtools
 import psycopg
 from psycopg.adapt import Dumper
 
@@ -167,6 +168,9 @@ def _q(s):
 
 # ---------------------------------------------------------------------------------------------------
 # Functions: name, arguments (name, kind, SQL type), whether it writes, whether consumers may call it
+
+# The setting that forces parallel workers for every query: renamed in PostgreSQL 16.
+PARALLEL_GUC = "force_parallel_mode" if pgtools.pg().version.split()[1].startswith("15") else "debug_parallel_query"
 
 FUNCS = {
     "idem_claim": (["key:ident:text", "ttl:ttl:interval", "scope:ident:text", "fingerprint:fp:text", "wait:bool:boolean"], True, True),
@@ -531,7 +535,8 @@ class Builder:
         ("in a materialized CTE", "cte", "BEGIN", None, []),
         ("error caught by a PL/pgSQL exception handler", "do-block", "BEGIN", None, []),
         ("nested savepoints", "tx", "BEGIN", None, [("SAVEPOINT n1", []), ("SAVEPOINT n2", [])]),
-        ("force_parallel_mode = on", "tx", "BEGIN", ("force_parallel_mode", "on"), []),
+        # Parallel workers forced for every query (force_parallel_mode up to 15, debug_parallel_query from 16).
+        (f"{PARALLEL_GUC} = on", "tx", "BEGIN", (PARALLEL_GUC, "on"), []),
         ("lock_timeout = 1ms", "tx", "BEGIN", ("lock_timeout", "1ms"), []),
         ("client_min_messages = debug5", "tx", "BEGIN", ("client_min_messages", "debug5"), []),
         ("work_mem = 64kB", "tx", "BEGIN", ("work_mem", "64kB"), []),
