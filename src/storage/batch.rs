@@ -3,12 +3,13 @@
 //! reads them with one prober, and writes its new keys' rows with the row writer.
 use super::call::Call;
 use super::claim::{claim_existing, count_answer, new_lease, Claim, Outcome};
+use super::deferred;
 use super::lifecycle::partitions;
 use super::once::{once_answer, once_row};
 use super::pg::document::Documents;
 use super::pg::keylock::{self, KeyLock};
 use super::pg::spi::{arg, Snap, Stmt};
-use super::pg::writer::{self, Row};
+use super::pg::writer;
 use super::pg::xact;
 use super::record::{check_visible, Key};
 use super::settle::check_held;
@@ -49,22 +50,11 @@ pub fn claim_batch(scope: &str, keys: &[&str], ttl: Interval) -> Vec<Claim> {
         let mut answers: HashMap<&str, Claim> = HashMap::with_capacity(distinct.len());
         let missing: Vec<&str> = distinct.iter().copied().filter(|key| !found.contains_key(*key)).collect();
         if !missing.is_empty() {
+            // As a single claim: each new key's row is written once its fate is known (see `deferred`).
             let (partition, created_at) = partitions::insert_target(call.conn(), xact::start_time());
             for key in &missing {
                 let (token, claimed_at, expires_at) = new_lease(ttl);
-                let row = Row {
-                    scope,
-                    key,
-                    status: "pending",
-                    token: Some(token),
-                    attempts: 1,
-                    fingerprint: None,
-                    payload: None,
-                    created_at,
-                    updated_at: claimed_at,
-                    expires_at: Some(expires_at),
-                };
-                writer::insert(call.conn(), partition, &row);
+                deferred::defer(Key { scope, key }, token, None, partition, created_at, claimed_at, expires_at);
                 answers.insert(key, Claim::claimed(Some(token), Some(1), Some(expires_at)));
             }
             call.add(Counter::ClaimedNew, missing.len() as u64);
@@ -94,6 +84,18 @@ pub fn claim_batch(scope: &str, keys: &[&str], ttl: Interval) -> Vec<Claim> {
 /// [`check_held`]) or nothing is written. Returns how many were completed.
 pub fn complete_batch(scope: &str, keys: &[&str], payloads: Option<&Documents>, tokens: &[Option<i64>]) -> i64 {
     Call::run(scope, |call| {
+        // The batch this transaction claimed and has not written (the one-transaction loop): each key
+        // written once, completed, as `idem_complete` does for a single claim.
+        if keys.iter().zip(tokens).all(|(key, token)| deferred::unwritten(Key { scope, key }, *token)) {
+            let payloads = payloads.map(|p| p.elements());
+            for (i, key) in keys.iter().enumerate() {
+                let payload = payloads.as_ref().and_then(|p| p[i].as_ref());
+                let done = deferred::complete(call.conn(), Key { scope, key }, payload, tokens[i]);
+                assert!(done, "an unwritten claim is completed");
+            }
+            call.add(Counter::Completes, keys.len() as u64);
+            return keys.len() as i64;
+        }
         lock_all(scope, keys);
         let mut found = call.lookup_many(scope, keys);
         for (key, token) in keys.iter().zip(tokens) {

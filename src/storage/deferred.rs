@@ -2,11 +2,13 @@
 //!
 //! A consumer in one-transaction mode claims, works and completes before it commits; writing the
 //! claim as a `pending` row and then updating it to `completed` would cost two row versions and
-//! their index entries for one key. So the claim of a new key is only remembered here, under the
+//! their index entries for one key. So the claim of a new key (by `idem_claim` or `idem_claim_batch`) is
+//! only remembered here, under the
 //! key's lock (which keeps every other transaction out until this one ends, exactly as the
 //! uncommitted row did), with its token, its lease and its place: the partition it was to go to is
 //! locked as the insert would have (so a seal waits for this transaction as before). Then
-//! - `idem_complete` writes the row once, as `completed`;
+//! - `idem_complete` writes the row once, as `completed`, and so does `idem_complete_batch` when every
+//!   key it is given is such a claim (the batch loop of one transaction);
 //! - anything else that looks at the key in this transaction (a second claim, `idem_once`,
 //!   `idem_status`, a batch, `idem_fail`, `idem_heartbeat`) first writes it as `pending`, as the
 //!   claim would have, and then works on the row as before;
@@ -143,6 +145,14 @@ pub fn write_all(conn: &Conn, scope: Option<&str>) {
             }
         }
     });
+}
+
+/// Whether this transaction remembers an unwritten claim of the key that `token` (None: any) holds: what
+/// [`complete`] needs to complete it with one row.
+pub fn unwritten(k: Key, token: Option<i64>) -> bool {
+    CLAIMS.with_borrow(|claims| {
+        claims.get(&id(k)).is_some_and(|c| c.written_in.is_none() && token.is_none_or(|t| t == c.token))
+    })
 }
 
 /// `idem_complete` of a key whose claim this transaction remembers, unwritten: writes its one row,

@@ -162,3 +162,46 @@ def test_a_statement_that_reads_the_storage_sees_the_claim(cluster):
             c.execute("SELECT idem_complete('k', NULL, %s)", (scope,))
             assert row(c, scope, "k")[:2] == ("completed", token), level
             c.execute("COMMIT")
+
+
+def test_batch_claim_and_complete_write_one_row_per_key(cluster):
+    """The batch loop of one transaction: idem_claim_batch, then idem_complete_batch of the claimed keys,
+    writes each new key's row once, completed (before 0.6.0: an insert and an update per key)."""
+    scope = new_scope("one-row-batch")
+    keys = [f"k{i}" for i in range(50)]
+    with cluster.connect() as c, cluster.connect() as other:
+        # One key seen before (answered, not claimed), by the other session: pg_stat_xact_user_tables also
+        # shows a session's counts of earlier transactions that the stats collector has not taken yet.
+        other.execute("SELECT idem_once('k0', %s)", (scope,))
+        c.execute("BEGIN")
+        claimed = [k for k, outcome in c.execute(
+            "SELECT key, outcome FROM idem_claim_batch(%s, scope => %s)", (keys, scope)).fetchall()
+            if outcome == "claimed"]
+        assert claimed == keys[1:]
+        assert writes(c) == (0, 0), "the batch claim of new keys wrote before their fate was known"
+        # Another session waits for the keys as for any claim (here: answers in_progress at once).
+        assert other.execute("SELECT outcome FROM idem_claim('k7', scope => %s, wait => false)",
+                             (scope,)).fetchone()[0] == "in_progress"
+        payloads = [psycopg.types.json.Jsonb({"n": i}) for i in range(len(claimed))]
+        done = c.execute("SELECT idem_complete_batch(%s, %s, %s)", (claimed, payloads, scope)).fetchone()[0]
+        assert done == len(claimed)
+        assert writes(c) == (len(claimed), 0), "claim + complete batches should be one insert per key, no update"
+        c.execute("COMMIT")
+        got = dict(other.execute("SELECT key, payload FROM idempotency.records WHERE scope = %s AND key <> 'k0'",
+                                 (scope,)).fetchall())
+        assert got == {k: {"n": i} for i, k in enumerate(claimed)}
+        assert other.execute("SELECT count(*) FROM idem_claim_batch(%s, scope => %s) WHERE outcome = 'completed'",
+                             (keys, scope)).fetchone()[0] == len(keys)
+
+
+def test_batch_complete_of_keys_claimed_earlier_updates_them(cluster):
+    """A batch claimed in an earlier transaction (two-transaction mode) is completed by update, with tokens."""
+    scope = new_scope("one-row-batch-2tx")
+    with cluster.connect() as claimer, cluster.connect() as c:
+        rows = claimer.execute("SELECT key, token FROM idem_claim_batch(ARRAY['a', 'b'], '1 hour', %s)",
+                               (scope,)).fetchall()
+        c.execute("BEGIN")
+        done = c.execute("SELECT idem_complete_batch(%s, NULL, %s, %s)",
+                         ([k for k, _ in rows], scope, [t for _, t in rows])).fetchone()[0]
+        assert done == 2 and writes(c) == (0, 2)
+        c.execute("COMMIT")

@@ -115,8 +115,14 @@ impl Documents {
 
     /// The stored size of each element (None for a NULL element).
     pub fn sizes(&self) -> Vec<Option<usize>> {
+        self.elements().iter().map(|d| d.map(|d| d.size())).collect()
+    }
+
+    /// Each element (None for a NULL one), pointing into the array, which lives as long as the call.
+    pub fn elements(&self) -> Vec<Option<Document>> {
         // SAFETY: `self.0` is a detoasted jsonb[] (from from_datum); deconstruct_array fills the three
-        // out-pointers with arrays of `n` elements, which are read only below `n`.
+        // out-pointers with arrays of `n` elements, which are read only below `n`; the element datums
+        // point into the array (jsonb elements of a detoasted array are not toasted themselves).
         unsafe {
             let array = self.0.cast_mut_ptr::<pg_sys::ArrayType>();
             let mut elems: *mut pg_sys::Datum = std::ptr::null_mut();
@@ -137,7 +143,7 @@ impl Documents {
                     if *nulls.add(i) {
                         None
                     } else {
-                        Some(pgrx::varlena::varsize_any((*elems.add(i)).cast_mut_ptr()))
+                        Some(Document(*elems.add(i)))
                     }
                 })
                 .collect()
