@@ -208,9 +208,19 @@ static FILTER_CACHE: Int = Int {
 static MAX_BATCH_KEYS: Int = Int {
     name: c"idempotency.max_batch_keys",
     short: c"Most keys accepted by one idem_*_batch call.",
-    long: c"Each key of a batch holds one entry of the shared lock table until the transaction ends; raise max_locks_per_transaction with it.",
+    long: c"A bound on the arrays one call takes; a batch holds at most idempotency.key_locks_per_transaction key locks whatever its size.",
     value: GucSetting::<i32>::new(1_000),
     min: 1,
+    max: 1_000_000,
+    set_by: SetBy::Superuser,
+    flags: GucFlags::empty(),
+};
+static KEY_LOCKS_PER_TRANSACTION: Int = Int {
+    name: c"idempotency.key_locks_per_transaction",
+    short: c"Key locks a transaction keeps until it ends; -1: half of max_locks_per_transaction.",
+    long: c"Each key a transaction writes holds one entry of the shared lock table. Within this many, a claim made and completed in one transaction writes its row once; past it, every call writes its keys' rows at once and gives their locks back, so that a transaction of any size takes a bounded share of the lock table.",
+    value: GucSetting::<i32>::new(-1),
+    min: -1,
     max: 1_000_000,
     set_by: SetBy::Superuser,
     flags: GucFlags::empty(),
@@ -246,6 +256,7 @@ pub fn init() {
         &RECLAIM_AFTER,
         &DROP_LOCK_TIMEOUT,
         &MAX_BATCH_KEYS,
+        &KEY_LOCKS_PER_TRANSACTION,
         &FILTER_MEMORY,
         &FILTER_CACHE,
     ] {
@@ -340,6 +351,9 @@ pub fn filter_memory() -> u64 {
 /// `idempotency.filter_cache` in bytes.
 pub fn filter_cache() -> usize {
     FILTER_CACHE.value.get() as usize * 1024
+}
+pub fn key_locks_per_transaction() -> i32 {
+    KEY_LOCKS_PER_TRANSACTION.value.get()
 }
 pub fn max_batch_keys() -> usize {
     MAX_BATCH_KEYS.value.get() as usize

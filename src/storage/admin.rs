@@ -3,7 +3,6 @@
 //! reads what the DBA left.
 use super::call::Call;
 use super::decide::State;
-use super::pg::keylock;
 use super::pg::spi::{arg, ts_arg, Snap, Stmt};
 use super::record::{expect_one, Key};
 use crate::errors;
@@ -41,8 +40,8 @@ pub fn redrive(k: Key) -> bool {
 }
 
 fn redrive_in(call: &Call, k: Key) -> bool {
-    let lock = keylock::lock_key(k.scope, k.key, true).expect("waited for the lock");
-    let Some(rec) = call.lookup(k) else {
+    let (lock, rec) = call.lock_and_lookup(k, true).expect("waited for the key");
+    let Some(rec) = rec else {
         errors::unknown_key(k.scope, k.key, errors::HINT_REDRIVE_FAILED)
     };
     if !matches!(rec.state, State::Failed { .. }) {
@@ -51,6 +50,7 @@ fn redrive_in(call: &Call, k: Key) -> bool {
     }
     let rows = call.conn().run_on(&REDRIVE, rec.partition, &rec.row_args(k), Snap::Statement);
     expect_one(&rows, "redrive");
+    lock.written();
     true
 }
 
@@ -69,13 +69,14 @@ pub fn redrive_scope(scope: &str, since: Option<pg_sys::TimestampTz>, max_keys: 
 /// Removes a key's record, whatever its state; false when it has none.
 pub fn forget(k: Key) -> bool {
     Call::run(k.scope, |call| {
-        let lock = keylock::lock_key(k.scope, k.key, true).expect("waited for the lock");
-        let Some(rec) = call.lookup(k) else {
+        let (lock, rec) = call.lock_and_lookup(k, true).expect("waited for the key");
+        let Some(rec) = rec else {
             lock.release_if_only_read();
             return false;
         };
         let rows = call.conn().run_on(&FORGET, rec.partition, &rec.row_args(k), Snap::Statement);
         expect_one(&rows, "forget");
+        lock.written();
         true
     })
 }

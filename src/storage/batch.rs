@@ -1,17 +1,18 @@
 //! The batch calls: `idem_claim_batch`, `idem_complete_batch` and `idem_once_batch`, one call per
 //! broker poll. A batch locks its keys in sorted order (so two batches never deadlock on each other),
-//! reads them with one prober, and writes its new keys' rows with the row writer.
+//! reads them with one prober, and writes its new keys' rows with the row writer; a batch larger than the
+//! key locks its transaction may keep does so a group at a time (see `groups`).
 use super::call::Call;
 use super::claim::{claim_existing, count_answer, new_lease, Claim, Outcome};
 use super::deferred;
 use super::lifecycle::partitions;
 use super::once::{once_answer, once_row};
 use super::pg::document::Documents;
-use super::pg::keylock::{self, KeyLock};
+use super::pg::keylock;
 use super::pg::spi::{arg, Snap, Stmt};
 use super::pg::writer;
 use super::pg::xact;
-use super::record::{check_visible, Key};
+use super::record::{check_visible, Key, Record};
 use super::settle::check_held;
 use crate::stats::Counter;
 use pgrx::pg_sys;
@@ -22,20 +23,23 @@ static COMPLETE_MANY: Stmt = Stmt {
     sql: "UPDATE idempotency.records r
              SET status = 'completed', payload = u.p, updated_at = clock_timestamp(), expires_at = NULL
             FROM unnest($2::text[], $3::jsonb[]) AS u(k, p)
-           WHERE r.scope = $1 AND r.key = u.k",
-    args: &[pg_sys::TEXTOID, pg_sys::TEXTARRAYOID, pg_sys::JSONBARRAYOID],
+           WHERE r.scope = $1 AND r.key = u.k AND ($4::text[] IS NULL OR u.k = ANY ($4))",
+    args: &[pg_sys::TEXTOID, pg_sys::TEXTARRAYOID, pg_sys::JSONBARRAYOID, pg_sys::TEXTARRAYOID],
 };
 
-/// Locks several keys in a fixed (sorted) order, so two batches never deadlock on each other.
-/// Returns the distinct keys, sorted, with their locks.
-fn lock_all<'a>(scope: &str, keys: &[&'a str]) -> Vec<(&'a str, KeyLock)> {
+/// The distinct keys of a batch, sorted, in the groups it takes at a time, and whether each group's locks
+/// are given back once its rows are written: one group kept until the transaction ends when the
+/// transaction may keep that many key locks (see `keylock::budget`); else groups of the budget, so that a
+/// batch of any size holds a bounded number of lock-table entries.
+fn groups<'a>(keys: &[&'a str]) -> (Vec<Vec<&'a str>>, bool) {
     let mut distinct = keys.to_vec();
     distinct.sort_unstable();
     distinct.dedup();
-    distinct
-        .into_iter()
-        .map(|key| (key, keylock::lock_key(scope, key, true).expect("waited for the lock")))
-        .collect()
+    if keylock::may_keep(distinct.len()) {
+        return (vec![distinct], false);
+    }
+    keylock::give_back_from_now_on();
+    (distinct.chunks(keylock::budget()).map(<[&str]>::to_vec).collect(), true)
 }
 
 /// Claims several keys of one scope in one go. Returns one claim per input key, in input
@@ -44,28 +48,34 @@ fn lock_all<'a>(scope: &str, keys: &[&'a str]) -> Vec<(&'a str, KeyLock)> {
 pub fn claim_batch(scope: &str, keys: &[&str], ttl: Interval) -> Vec<Claim> {
     Call::run(scope, |call| {
         partitions::ensure_covered(call.conn(), xact::start_time());
-        let locks = lock_all(scope, keys);
-        let distinct: Vec<&str> = locks.iter().map(|(key, _)| *key).collect();
-        let mut found = call.lookup_many(scope, &distinct);
-        let mut answers: HashMap<&str, Claim> = HashMap::with_capacity(distinct.len());
-        let missing: Vec<&str> = distinct.iter().copied().filter(|key| !found.contains_key(*key)).collect();
-        if !missing.is_empty() {
-            // As a single claim: each new key's row is written once its fate is known (see `deferred`).
-            let (partition, created_at) = partitions::insert_target(call.conn(), xact::start_time());
-            for key in &missing {
-                let (token, claimed_at, expires_at) = new_lease(ttl);
-                deferred::defer(Key { scope, key }, token, None, partition, created_at, claimed_at, expires_at);
-                answers.insert(key, Claim::claimed(Some(token), Some(1), Some(expires_at)));
+        let (groups, give_back) = groups(keys);
+        let mut answers: HashMap<&str, Claim> = HashMap::with_capacity(keys.len());
+        for group in &groups {
+            let (locks, mut found) =
+                call.lock_and_find_all(scope, group, |key, t| Record::from_tuple(t, Key { scope, key }));
+            let missing = group.iter().filter(|key| !found.contains_key(*key)).count();
+            // As a single claim: each new key's row is written once its fate is known (see `deferred`),
+            // while the transaction keeps the locks.
+            let target = (missing > 0).then(|| partitions::insert_target(call.conn(), xact::start_time()));
+            for (key, lock) in locks {
+                let k = Key { scope, key };
+                let claim = match found.remove(key) {
+                    Some(rec) => claim_existing(call, k, rec, ttl, None, Some(lock)),
+                    None => {
+                        let (partition, created_at) = target.expect("an insert target");
+                        let (token, claimed_at, expires_at) = new_lease(ttl);
+                        let remember = !give_back;
+                        deferred::claim_new(call.conn(), k, remember, token, None, partition, created_at, claimed_at, expires_at);
+                        lock.written();
+                        Claim::claimed(Some(token), Some(1), Some(expires_at))
+                    }
+                };
+                answers.insert(key, claim);
             }
-            call.add(Counter::ClaimedNew, missing.len() as u64);
-        }
-        for (key, lock) in locks {
-            if let Some(rec) = found.remove(key) {
-                answers.insert(key, claim_existing(call, Key { scope, key }, rec, ttl, None, Some(lock)));
-            }
+            call.add(Counter::ClaimedNew, missing as u64);
         }
         call.add(Counter::Claims, keys.len() as u64);
-        let mut seen = HashSet::with_capacity(distinct.len());
+        let mut seen = HashSet::with_capacity(answers.len());
         keys.iter()
             .map(|key| {
                 let first = answers.get(key).expect("every key answered");
@@ -96,13 +106,23 @@ pub fn complete_batch(scope: &str, keys: &[&str], payloads: Option<&Documents>, 
             call.add(Counter::Completes, keys.len() as u64);
             return keys.len() as i64;
         }
-        lock_all(scope, keys);
-        let mut found = call.lookup_many(scope, keys);
-        for (key, token) in keys.iter().zip(tokens) {
-            check_held(Key { scope, key }, found.remove(*key), *token);
-        }
+        let (groups, give_back) = groups(keys);
         let payloads = payloads.map(|p| p.datum());
-        let done = call.conn().run(&COMPLETE_MANY, &[arg(scope), arg(keys.to_vec()), payloads], Snap::Statement).len();
+        let mut done = 0;
+        for group in &groups {
+            let (locks, mut found) =
+                call.lock_and_find_all(scope, group, |key, t| Record::from_tuple(t, Key { scope, key }));
+            for (key, token) in keys.iter().zip(tokens).filter(|(key, _)| group.binary_search(key).is_ok()) {
+                check_held(Key { scope, key }, found.remove(*key), *token);
+            }
+            // (An ERROR of a later group undoes what the earlier ones wrote, with the statement.)
+            let only = give_back.then(|| arg(group.clone()));
+            let args = [arg(scope), arg(keys.to_vec()), payloads, only.flatten()];
+            done += call.conn().run(&COMPLETE_MANY, &args, Snap::Statement).len();
+            for (_, lock) in locks {
+                lock.written();
+            }
+        }
         call.add(Counter::Completes, done as u64);
         done as i64
     })
@@ -113,32 +133,34 @@ pub fn complete_batch(scope: &str, keys: &[&str], payloads: Option<&Documents>, 
 pub fn once_batch(scope: &str, keys: &[&str]) -> Vec<String> {
     Call::run(scope, |call| {
         partitions::ensure_covered(call.conn(), xact::start_time());
-        let locks = lock_all(scope, keys);
-        // Opened after the locks: its snapshot must see what their previous holders committed.
-        let mut prober = call.prober(scope);
-        let mut fresh = Vec::new();
+        let (groups, _) = groups(keys);
+        let mut fresh = HashSet::new();
         let mut seen = HashMap::new();
-        for (key, lock) in locks {
-            match prober.find(key, once_answer) {
-                Some((xmin, answer)) => {
-                    check_visible(Key { scope, key }, xmin);
-                    seen.insert(key, answer);
-                    lock.release_if_only_read();
+        for group in &groups {
+            let (locks, found) = call.lock_and_find_all(scope, group, |_, t| once_answer(t));
+            let mut new = Vec::new();
+            for (key, lock) in locks {
+                match found.get(key) {
+                    Some(&(xmin, answer)) => {
+                        check_visible(Key { scope, key }, xmin);
+                        seen.insert(key, answer);
+                        lock.release_if_only_read();
+                    }
+                    None => new.push((key, lock)),
                 }
-                None => fresh.push(key),
             }
-        }
-        drop(prober);
-        if !fresh.is_empty() {
-            let (partition, created_at) = partitions::insert_target(call.conn(), xact::start_time());
-            for key in &fresh {
-                writer::insert(call.conn(), partition, &once_row(scope, key, created_at));
+            if !new.is_empty() {
+                let (partition, created_at) = partitions::insert_target(call.conn(), xact::start_time());
+                for (key, lock) in new {
+                    writer::insert(call.conn(), partition, &once_row(scope, key, created_at));
+                    lock.written();
+                    fresh.insert(key);
+                }
             }
         }
         if crate::stats::enabled() {
             count_once_answers(call, keys, &seen, fresh.len());
         }
-        let fresh: HashSet<&str> = fresh.into_iter().collect();
         let mut emitted = HashSet::with_capacity(fresh.len());
         keys.iter().filter(|k| fresh.contains(*k) && emitted.insert(**k)).map(|k| k.to_string()).collect()
     })

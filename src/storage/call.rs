@@ -6,11 +6,17 @@
 //! it, and they write first the claims this transaction remembers for what they read (see
 //! `deferred`): no operation writes remembered claims itself.
 use super::deferred;
-use super::pg::probe::Prober;
+use super::pg::keylock::{self, KeyLock};
+use super::pg::probe::{Probe, Prober, Tuple};
 use super::pg::spi::Conn;
 use super::record::{Key, Record};
+use crate::errors;
 use crate::stats::{self, Counter, Tally};
 use std::collections::HashMap;
+
+/// Looks at a key at most this many times when each look finds a write of it that has just committed
+/// (the next look sees it); then 40001. A guard, never reached in the tests.
+const LOOKS: usize = 1_000;
 
 pub struct Call {
     conn: Conn,
@@ -42,17 +48,80 @@ impl Call {
         self.tally.add(counter, n);
     }
 
-    /// The record of `k` under the latest snapshot.
+    /// The committed record of `k` under the latest snapshot, for a call that does not hold its lock.
     pub fn lookup(&self, k: Key) -> Option<Record> {
         self.prober_for(k).find(k.key, |t| Record::from_tuple(t, k))
     }
 
-    /// The records of several keys of one scope, by key.
-    pub fn lookup_many(&self, scope: &str, keys: &[&str]) -> HashMap<String, Record> {
-        let mut prober = self.prober(scope);
-        keys.iter()
-            .filter_map(|&key| prober.find(key, |t| (key.to_string(), Record::from_tuple(t, Key { scope, key }))))
-            .collect()
+    /// Takes `k`'s lock and reads its record, for a call that may write it. Another transaction may
+    /// have an unfinished write of the key and no longer hold its lock (see `pg::unlocked`): then the
+    /// lock is given back, that transaction waited for, and the key looked at again. None when `wait`
+    /// is false and the key is busy (its lock taken, or another transaction writing it).
+    pub fn lock_and_find<T>(&self, k: Key, wait: bool, read: impl Fn(&Tuple) -> T) -> Option<(KeyLock, Option<T>)> {
+        for _ in 0..LOOKS {
+            let lock = keylock::lock_key(k.scope, k.key, wait)?;
+            match self.prober_for(k).find_settled(k.key, &read) {
+                Probe::Found(found) => return Some((lock, Some(found))),
+                Probe::Missing => return Some((lock, None)),
+                Probe::Busy(writer) => {
+                    lock.give_back();
+                    if !wait {
+                        return None;
+                    }
+                    if let Some(xid) = writer {
+                        keylock::wait_for_writer(k.scope, xid);
+                    }
+                }
+            }
+        }
+        errors::serialization_failure(k.scope, k.key)
+    }
+
+    /// [`Call::lock_and_find`] of the key's record.
+    pub fn lock_and_lookup(&self, k: Key, wait: bool) -> Option<(KeyLock, Option<Record>)> {
+        self.lock_and_find(k, wait, |t| Record::from_tuple(t, k))
+    }
+
+    /// [`Call::lock_and_find`] of several distinct keys of one scope, sorted (so that two batches never
+    /// deadlock on each other): their locks, in that order, and what `read` made of the records found.
+    pub fn lock_and_find_all<'a, T>(
+        &self,
+        scope: &str,
+        sorted: &[&'a str],
+        read: impl Fn(&'a str, &Tuple) -> T,
+    ) -> (Vec<(&'a str, KeyLock)>, HashMap<&'a str, T>) {
+        for _ in 0..LOOKS {
+            let locks: Vec<(&str, KeyLock)> = sorted
+                .iter()
+                .map(|&key| (key, keylock::lock_key(scope, key, true).expect("waited for the lock")))
+                .collect();
+            let mut prober = self.prober(scope);
+            let mut found = HashMap::with_capacity(sorted.len());
+            let mut busy = None;
+            for &key in sorted {
+                match prober.find_settled(key, |t| read(key, t)) {
+                    Probe::Found(value) => {
+                        found.insert(key, value);
+                    }
+                    Probe::Missing => {}
+                    Probe::Busy(writer) => {
+                        busy = Some(writer);
+                        break;
+                    }
+                }
+            }
+            drop(prober);
+            let Some(writer) = busy else {
+                return (locks, found);
+            };
+            for (_, lock) in locks {
+                lock.give_back();
+            }
+            if let Some(xid) = writer {
+                keylock::wait_for_writer(scope, xid);
+            }
+        }
+        errors::serialization_failure(scope, sorted.first().copied().unwrap_or_default())
     }
 
     /// A prober of `k`'s scope, for a read of `k` only (opened after the key's lock: its snapshot

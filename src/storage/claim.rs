@@ -5,7 +5,7 @@ use super::deferred;
 use super::lifecycle::partitions;
 use super::pg::catalog;
 use super::pg::document::Document;
-use super::pg::keylock::{self, KeyLock};
+use super::pg::keylock::KeyLock;
 use super::pg::spi::{arg, Snap, Stmt};
 use super::pg::xact;
 use super::record::{expect_one, Key, Record};
@@ -163,7 +163,7 @@ pub fn claim(k: Key, ttl: Interval, fingerprint: Option<&str>, wait: bool) -> Cl
 
 fn claim_one(call: &mut Call, k: Key, ttl: Interval, fingerprint: Option<&str>, wait: bool) -> Claim {
     partitions::ensure_covered(call.conn(), xact::start_time());
-    let Some(lock) = keylock::lock_key(k.scope, k.key, wait) else {
+    let Some((lock, found)) = call.lock_and_lookup(k, wait) else {
         // Another open transaction holds the key: report what is settled, never write.
         return match call.lookup(k) {
             Some(rec) => claim_existing(call, k, rec, ttl, fingerprint, None),
@@ -173,13 +173,15 @@ fn claim_one(call: &mut Call, k: Key, ttl: Interval, fingerprint: Option<&str>, 
             }
         };
     };
-    if let Some(rec) = call.lookup(k) {
+    if let Some(rec) = found {
         return claim_existing(call, k, rec, ttl, fingerprint, Some(lock));
     }
     // A new key: its row is written once its fate is known (see `deferred`), where it would go now.
     let (partition, created_at) = partitions::insert_target(call.conn(), xact::start_time());
     let (token, claimed_at, expires_at) = new_lease(ttl);
-    deferred::defer(k, token, fingerprint, partition, created_at, claimed_at, expires_at);
+    let remember = lock.may_defer();
+    deferred::claim_new(call.conn(), k, remember, token, fingerprint, partition, created_at, claimed_at, expires_at);
+    lock.written();
     call.count(Counter::ClaimedNew);
     Claim::claimed(Some(token), Some(1), Some(expires_at))
 }
@@ -238,6 +240,9 @@ pub fn claim_existing(
             let rows = call.conn().run_on(&MARK_POISON, rec.partition, &rec.row_args(k), Snap::Statement);
             expect_one(&rows, "mark failed");
             let error = rows.get_document(0, 1);
+            if let Some(lock) = lock {
+                lock.written();
+            }
             for counter in [Counter::Poisoned, Counter::DeadLettered, Counter::AnsweredFailed] {
                 call.count(counter);
             }
@@ -257,6 +262,9 @@ pub fn claim_existing(
             );
             expect_one(&rows, "take over");
             let claim = Claim::claimed(rows.get(0, 1), rows.get(0, 2), rows.get_ts(0, 3));
+            if let Some(lock) = lock {
+                lock.written();
+            }
             // Counted once done: an update that raised (a serialization failure) answered nothing.
             call.count(how);
             claim

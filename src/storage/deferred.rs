@@ -5,7 +5,8 @@
 //! their index entries for one key. So the claim of a new key (by `idem_claim` or `idem_claim_batch`) is
 //! only remembered here, under the
 //! key's lock (which keeps every other transaction out until this one ends, exactly as the
-//! uncommitted row did), with its token, its lease and its place: the partition it was to go to is
+//! uncommitted row did), with its token, its lease and its place (while the transaction keeps its key
+//! locks: past `keylock::budget` the claim is written at once, and its lock given back after the call): the partition it was to go to is
 //! locked as the insert would have (so a seal waits for this transaction as before). Then
 //! - `idem_complete` writes the row once, as `completed`, and so does `idem_complete_batch` when every
 //!   key it is given is such a claim (the batch loop of one transaction);
@@ -54,11 +55,14 @@ fn id(k: Key) -> (String, String) {
     (k.scope.to_owned(), k.key.to_owned())
 }
 
-/// Remembers the claim of a new key instead of inserting it. The caller holds the key's lock and
-/// has locked `partition` for the insert.
+/// The claim of a new key: remembered instead of inserted when `remember` (the caller keeps the key's
+/// lock until the transaction ends, see `keylock::KeyLock::may_defer`), else written at once as
+/// `pending`. The caller has locked `partition` for the insert.
 #[allow(clippy::too_many_arguments)]
-pub fn defer(
+pub fn claim_new(
+    conn: &Conn,
     k: Key,
+    remember: bool,
     token: i64,
     fingerprint: Option<&str>,
     partition: pg_sys::Oid,
@@ -76,7 +80,11 @@ pub fn defer(
         made_in: subtransaction(),
         written_in: None,
     };
-    CLAIMS.with_borrow_mut(|claims| claims.insert(id(k), claim));
+    if remember {
+        CLAIMS.with_borrow_mut(|claims| claims.insert(id(k), claim));
+    } else {
+        insert_pending(conn, k, &claim);
+    }
 }
 
 /// What a claim's row is written as.

@@ -60,6 +60,8 @@ pub fn maintenance_round(as_of: pgrx::pg_sys::TimestampTz, wait: bool) -> Option
 /// Process start: the callbacks that write remembered claims, and those that keep the cached catalog
 /// facts true.
 pub fn init() {
+    pg::unlocked::init();
+    pg::keylock::init();
     deferred::init();
     grants::init();
     pg::catalog::init(&[

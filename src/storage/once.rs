@@ -2,7 +2,6 @@
 use super::call::Call;
 use super::claim::{count_answer, Outcome};
 use super::lifecycle::partitions;
-use super::pg::keylock;
 use super::pg::probe::{Col, Tuple};
 use super::pg::writer::{self, Row};
 use super::pg::xact;
@@ -39,9 +38,9 @@ pub fn once_row<'a>(scope: &'a str, key: &'a str, created_at: pg_sys::TimestampT
 pub fn once(k: Key) -> bool {
     Call::run(k.scope, |call| {
         partitions::ensure_covered(call.conn(), xact::start_time());
-        let lock = keylock::lock_key(k.scope, k.key, true).expect("waited for the lock");
+        let (lock, found) = call.lock_and_find(k, true, once_answer).expect("waited for the key");
         call.count(Counter::Claims);
-        if let Some((xmin, seen)) = call.prober_for(k).find(k.key, once_answer) {
+        if let Some((xmin, seen)) = found {
             check_visible(k, xmin);
             count_answer(call, seen);
             lock.release_if_only_read();
@@ -49,6 +48,7 @@ pub fn once(k: Key) -> bool {
         }
         let (partition, created_at) = partitions::insert_target(call.conn(), xact::start_time());
         writer::insert(call.conn(), partition, &once_row(k.scope, k.key, created_at));
+        lock.written();
         call.count(Counter::ClaimedNew);
         true
     })

@@ -4,7 +4,7 @@ use super::call::Call;
 use super::decide::{self, FailDecision, NotHeld};
 use super::deferred;
 use super::pg::document::Document;
-use super::pg::keylock;
+use super::pg::keylock::KeyLock;
 use super::pg::spi::{arg, Snap, Stmt};
 use super::pg::xact;
 use super::record::{expect_one, Key, Record};
@@ -45,10 +45,10 @@ static HEARTBEAT: Stmt = Stmt {
     args: &[T_TEXT, T_TEXT, T_TID, T_IVL],
 };
 
-/// Locks the key and returns its record if the caller holds its lease.
-fn held(call: &Call, k: Key, token: Option<i64>) -> Record {
-    keylock::lock_key(k.scope, k.key, true);
-    check_held(k, call.lookup(k), token)
+/// Locks the key and returns its lock and record if the caller holds its lease.
+fn held(call: &Call, k: Key, token: Option<i64>) -> (KeyLock, Record) {
+    let (lock, rec) = call.lock_and_lookup(k, true).expect("waited for the key");
+    (lock, check_held(k, rec, token))
 }
 
 /// The record, when the caller holds the key's lease (see [`decide::holds`]); an ERROR otherwise.
@@ -70,11 +70,12 @@ pub fn complete(k: Key, payload: Option<Document>, token: Option<i64>) {
     Call::run(k.scope, |call| {
         // Claimed by this transaction and not written yet: written once, completed.
         if !deferred::complete(call.conn(), k, payload.as_ref(), token) {
-            let rec = held(call, k, token);
+            let (lock, rec) = held(call, k, token);
             let [scope, key, tid] = rec.row_args(k);
             let payload = payload.map(|d| d.datum());
             let rows = call.conn().run_on(&COMPLETE, rec.partition, &[scope, key, tid, payload], Snap::Statement);
             expect_one(&rows, "complete");
+            lock.written();
         }
         call.count(Counter::Completes);
     })
@@ -83,7 +84,7 @@ pub fn complete(k: Key, payload: Option<Document>, token: Option<i64>) {
 /// Records a failure; returns the status the key is left in: "released" or "failed".
 pub fn fail(k: Key, error: Option<Document>, retryable: bool, token: Option<i64>) -> &'static str {
     Call::run(k.scope, |call| {
-        let rec = held(call, k, token);
+        let (lock, rec) = held(call, k, token);
         let decision = decide::fail(retryable, rec.attempts, gucs::max_attempts());
         let (stmt, left) = match decision {
             FailDecision::Release => (&RELEASE, "released"),
@@ -93,6 +94,7 @@ pub fn fail(k: Key, error: Option<Document>, retryable: bool, token: Option<i64>
         let error = error.map(|d| d.datum());
         let rows = call.conn().run_on(stmt, rec.partition, &[scope, key, tid, error], Snap::Statement);
         expect_one(&rows, "fail");
+        lock.written();
         call.count(Counter::Fails);
         if decision == FailDecision::MarkFailed {
             call.count(Counter::DeadLettered);
@@ -106,10 +108,11 @@ pub fn fail(k: Key, error: Option<Document>, retryable: bool, token: Option<i64>
 
 pub fn heartbeat(k: Key, ttl: Interval, token: Option<i64>) -> pg_sys::TimestampTz {
     Call::run(k.scope, |call| {
-        let rec = held(call, k, token);
+        let (lock, rec) = held(call, k, token);
         let [scope, key, tid] = rec.row_args(k);
         let rows = call.conn().run_on(&HEARTBEAT, rec.partition, &[scope, key, tid, arg(ttl)], Snap::Statement);
         expect_one(&rows, "heartbeat");
+        lock.written();
         let expires_at = rows.get_ts(0, 1).expect("expires_at");
         call.count(Counter::Heartbeats);
         expires_at

@@ -10,9 +10,9 @@ use crate::storage::pg::spi::{arg, ts_arg, Conn, Snap, Stmt};
 use crate::gucs::{self, PartitionManager};
 use pgrx::pg_sys;
 
-/// At most this many stuck leases are reclaimed per round: each holds its key's lock (one entry of the
-/// shared lock table) until the round's transaction ends. The worker runs more rounds of reclaim while a
-/// round reclaims this many.
+/// At most this many stuck leases are reclaimed per round (a round's transaction keeps at most
+/// `keylock::budget` of their locks; see `KeyLock::written`). The worker runs more rounds of reclaim while
+/// a round reclaims this many.
 pub const RECLAIM_PER_ROUND: i64 = 1_000;
 
 static STUCK_LEASES: Stmt = Stmt {
@@ -131,15 +131,23 @@ fn reclaim(conn: &Conn, cutoff: pg_sys::TimestampTz) -> i64 {
     };
     let mut reclaimed = 0;
     for (scope, key, created_at) in &stuck {
-        if keylock::lock_key(scope, key, false).is_none() {
+        let Some(lock) = keylock::lock_key(scope, key, false) else {
             continue;
-        }
+        };
+        // A claim that took the lease over and gave the key's lock back (see `pg::unlocked`) still holds
+        // the row: the DELETE waits for it, then skips the row its update left.
         let rows = conn.run(
             &RECLAIM,
             &[arg(scope.as_str()), arg(key.as_str()), ts_arg(*created_at), cutoff],
             Snap::Statement,
         );
-        reclaimed += rows.len() as i64;
+        match rows.len() {
+            0 => lock.release_if_only_read(),
+            n => {
+                reclaimed += n as i64;
+                lock.written();
+            }
+        }
     }
     reclaimed
 }

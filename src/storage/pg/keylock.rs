@@ -12,8 +12,15 @@
 //! `scope || 0x1f || key` with a fixed seed: the same value as the SQL expression
 //! `hashtextextended(scope || E'\x1f' || key, 18756)`. Keys and scopes cannot contain 0x1f (control
 //! characters are rejected), so the separator keeps ("a", "bc") and ("ab", "c") apart.
+//!
+//! Each lock is one entry of the shared lock table, which has room for about `max_locks_per_transaction`
+//! entries per connection. So a transaction keeps the locks it takes until it ends only up to
+//! [`budget`]; past it, a call gives the locks it took back once it has written their keys' rows
+//! ([`KeyLock::written`]), and the uncommitted rows keep other writers out (see `unlocked`).
+use super::unlocked;
 use crate::stats;
 use pgrx::{pg_sys, PgTryBuilder};
+use std::cell::Cell;
 
 /// `locktag_field4` of our advisory locks ("ID").
 pub const LOCK_NAMESPACE: u16 = 0x4944;
@@ -54,6 +61,33 @@ fn tag(hash: u64, namespace: u16) -> pg_sys::LOCKTAG {
     }
 }
 
+thread_local! {
+    /// Key locks this transaction took and has not given back. (A rolled-back subtransaction's locks
+    /// go with it and stay counted here: the count only errs high, which gives locks back sooner.)
+    static HELD: Cell<usize> = const { Cell::new(0) };
+}
+
+/// The key locks a transaction keeps until it ends: `idempotency.key_locks_per_transaction`, by
+/// default half of `max_locks_per_transaction` (PostgreSQL sizes the lock table by it), so that every
+/// connection can hold as many and the cluster's other locks still find room.
+pub fn budget() -> usize {
+    match crate::gucs::key_locks_per_transaction() {
+        // SAFETY: reads a setting fixed at server start.
+        n if n < 0 => (unsafe { pg_sys::max_locks_per_xact } / 2).max(1) as usize,
+        n => n as usize,
+    }
+}
+
+/// Whether this transaction may take `n` more key locks and keep them until it ends.
+pub fn may_keep(n: usize) -> bool {
+    !unlocked::entered() && HELD.get() + n <= budget()
+}
+
+/// From here on, this transaction gives back the key locks of each call once the call wrote its rows.
+pub fn give_back_from_now_on() {
+    unlocked::enter();
+}
+
 fn acquire(hash: u64, namespace: u16, wait: bool) -> pg_sys::LockAcquireResult::Type {
     // SAFETY: the lock tag is a local that outlives the call; an advisory lock of the user lock
     // method in ExclusiveLock mode, held until the transaction ends (sessionLock false).
@@ -73,13 +107,36 @@ impl KeyLock {
     /// asking about the same key then need not wait for this one to end. A call that wrote keeps
     /// the lock until commit, and so does one whose transaction held it already.
     pub fn release_if_only_read(self) {
+        self.give_back();
+    }
+
+    /// Gives the lock back when this call took it, before waiting for another transaction's unfinished
+    /// write of the key (that transaction may be waiting for this lock).
+    pub fn give_back(self) {
         if self.fresh {
             // SAFETY: releases the lock this call acquired (`fresh`), with the same tag and mode; a lock
             // the transaction held before is never released here.
             unsafe {
                 pg_sys::LockRelease(&tag(self.hash, LOCK_NAMESPACE), pg_sys::ExclusiveLock as i32, false)
             };
+            HELD.set(HELD.get().saturating_sub(1));
         }
+    }
+
+    /// The call wrote the key's row (or the key's row is gone, deleted by this transaction): the lock is
+    /// kept until the transaction ends while the transaction is within its [`budget`], and given back
+    /// otherwise, the uncommitted row standing in for it (see `unlocked`).
+    pub fn written(self) {
+        if self.fresh && (unlocked::entered() || HELD.get() > budget()) {
+            unlocked::enter();
+            self.give_back();
+        }
+    }
+
+    /// Whether the key's row may stay unwritten until the transaction ends (see `deferred`): only a lock
+    /// kept until then can stand in for it.
+    pub fn may_defer(&self) -> bool {
+        !self.fresh || (!unlocked::entered() && HELD.get() <= budget())
     }
 }
 
@@ -105,8 +162,45 @@ pub fn lock_key(scope: &str, key: &str, wait: bool) -> Option<KeyLock> {
     }
     match got {
         pg_sys::LockAcquireResult::LOCKACQUIRE_NOT_AVAIL => None,
-        pg_sys::LockAcquireResult::LOCKACQUIRE_OK => Some(KeyLock { hash, fresh: true }),
+        pg_sys::LockAcquireResult::LOCKACQUIRE_OK => {
+            HELD.set(HELD.get() + 1);
+            Some(KeyLock { hash, fresh: true })
+        }
         _ => Some(KeyLock { hash, fresh: false }),
+    }
+}
+
+/// Waits until transaction `xid`, which has an unfinished write of a key of `scope`, ends; counted as a
+/// wait for the key's lock (an ERROR on the way, lock_timeout or a cancel, counted with its time so far).
+pub fn wait_for_writer(scope: &str, xid: pg_sys::TransactionId) {
+    let started = super::xact::clock();
+    let waited = || (super::xact::clock() - started).max(0) as u64;
+    PgTryBuilder::new(|| {
+        // SAFETY: waits on the transaction's lock as PostgreSQL's own unique checks do; no relation or
+        // tuple is named (they only label the wait in error contexts).
+        unsafe {
+            pg_sys::XactLockTableWait(xid, std::ptr::null_mut(), std::ptr::null_mut(), pg_sys::XLTW_Oper::XLTW_None)
+        }
+    })
+    .catch_others(|e| {
+        stats::lock_wait(scope, waited());
+        e.rethrow()
+    })
+    .execute();
+    stats::lock_wait(scope, waited());
+}
+
+/// `_PG_init`: the callback that forgets the count of held locks when a transaction ends.
+pub fn init() {
+    // SAFETY: registers a static function once per process.
+    unsafe { pg_sys::RegisterXactCallback(Some(at_transaction_end), std::ptr::null_mut()) };
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn at_transaction_end(event: pg_sys::XactEvent::Type, _arg: *mut std::ffi::c_void) {
+    use pg_sys::XactEvent::*;
+    if matches!(event, XACT_EVENT_COMMIT | XACT_EVENT_ABORT | XACT_EVENT_PREPARE) {
+        HELD.set(0);
     }
 }
 

@@ -8,7 +8,8 @@
 //!   the one row writer;
 //! - `catalog`: cached catalog facts and the invalidations that clear them; `bounds`: partition
 //!   bounds read from the catalog;
-//! - `keylock`: the per-key lock and the storage's other advisory locks; `xact`: transaction facts;
+//! - `keylock`: the per-key lock and the storage's other advisory locks; `unlocked`: whether some
+//!   transaction's uncommitted rows stand in for key locks it gave back; `xact`: transaction facts;
 //! - `document`: jsonb payloads passed through; `filter`: the membership filter's arithmetic;
 //!   `sealed`: what a backend knows of the sealed partitions, and the reads of their filters;
 //! - `compat`: the calls whose form differs between PostgreSQL 15, 16, 17 and 18.
@@ -24,5 +25,6 @@ pub mod probe;
 pub mod sealed;
 pub mod settings;
 pub mod spi;
+pub mod unlocked;
 pub mod writer;
 pub mod xact;

@@ -9,6 +9,7 @@
 use super::catalog::{self, Invalidated};
 use super::sealed::{self, Chunks, Filter};
 use super::keylock;
+use super::unlocked;
 use super::xact;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -109,6 +110,8 @@ struct Partition {
     heap: pg_sys::Relation,
     index: pg_sys::Relation,
     scan: pg_sys::IndexScanDesc,
+    /// A scan under the prober's dirty snapshot, made on first use (see `unfinished_insert`).
+    dirty_scan: pg_sys::IndexScanDesc,
     slot: *mut pg_sys::TupleTableSlot,
     columns: [i32; 7],
 }
@@ -117,6 +120,8 @@ struct Partition {
 /// says the key may be there.
 struct Part {
     relid: pg_sys::Oid,
+    /// Sealed: it takes no new row (see `lifecycle::sealing`).
+    sealed: bool,
     filter: Option<Rc<Filter>>,
     open: Option<Partition>,
 }
@@ -133,6 +138,9 @@ pub struct Prober {
     parts: Vec<Part>,
     /// `idempotency.filter_chunks`, opened at the first read of a filter that has no copy.
     chunks: Chunks,
+    /// A dirty snapshot (it sees uncommitted rows), when another transaction may have unfinished writes
+    /// of keys it no longer locks (see `unlocked`); boxed, for the scans that point at it.
+    dirty: Option<Box<pg_sys::SnapshotData>>,
 }
 
 impl Prober {
@@ -155,25 +163,80 @@ impl Prober {
                 .into_iter()
                 .map(|relid| Part {
                     relid,
+                    sealed: known.filters.contains_key(&relid),
                     filter: known.filters.get(&relid).cloned().flatten(),
                     open: None,
                 })
                 .collect();
+            let dirty = unlocked::others_may_have().then(|| {
+                Box::new(pg_sys::SnapshotData {
+                    snapshot_type: pg_sys::SnapshotType::SNAPSHOT_DIRTY,
+                    ..Default::default()
+                })
+            });
             Prober {
                 scope: scope.into_datum().expect("text datum"),
                 scope_text: scope.to_string(),
                 snapshot,
                 parts,
                 chunks: Chunks::new(known.chunks_rel),
+                dirty,
             }
         }
     }
 
     /// Finds `key`'s record and hands it to `read` while it is pinned; None when no partition
-    /// has it.
+    /// has it. What the latest snapshot sees, committed: for reads that take no key lock.
     pub fn find<T>(&mut self, key: &str, read: impl FnOnce(&Tuple) -> T) -> Option<T> {
-        let mut hash = None;
         let key_datum = key.into_datum().expect("text datum");
+        let i = self.locate(key, key_datum)?;
+        let part = self.parts[i].open.as_ref().expect("located in an open partition");
+        Some(Self::read_found(part, read))
+    }
+
+    /// As [`Prober::find`], for a caller that holds the key's lock and may write the key: the record
+    /// only when no other transaction has an unfinished write of the key, which a transaction that
+    /// gave the key's lock back may have (see `unlocked`): then `Busy` with that transaction (None when
+    /// the write has just committed, and a new prober will see it), and the caller gives its lock back,
+    /// waits for that transaction and looks again.
+    pub fn find_settled<T>(&mut self, key: &str, read: impl FnOnce(&Tuple) -> T) -> Probe<T> {
+        let key_datum = key.into_datum().expect("text datum");
+        match self.locate(key, key_datum) {
+            Some(i) => {
+                let part = self.parts[i].open.as_ref().expect("located in an open partition");
+                if let Some(dirty) = self.dirty.as_deref_mut() {
+                    // SAFETY: the slot holds the pinned tuple `locate` found.
+                    if let Err(writer) = unsafe { settled(part.slot, dirty) } {
+                        // SAFETY: the slot is this partition's, holding a tuple.
+                        unsafe { pg_sys::ExecClearTuple(part.slot) };
+                        return Probe::Busy(writer);
+                    }
+                }
+                Probe::Found(Self::read_found(part, read))
+            }
+            None if self.dirty.is_some() => match self.unfinished_insert(key_datum) {
+                Some(writer) => Probe::Busy(writer),
+                None => Probe::Missing,
+            },
+            None => Probe::Missing,
+        }
+    }
+
+    fn read_found<T>(part: &Partition, read: impl FnOnce(&Tuple) -> T) -> T {
+        // SAFETY: the slot holds the tuple `locate` found, pinned until ExecClearTuple.
+        unsafe {
+            // The per-key lock and the waits of `find_settled` allow one such record per key: this one.
+            let tuple = Tuple { slot: part.slot, columns: &part.columns, relid: (*part.heap).rd_id };
+            let answer = read(&tuple);
+            pg_sys::ExecClearTuple(part.slot);
+            answer
+        }
+    }
+
+    /// The partition whose slot now holds `key`'s record under the snapshot, if any.
+    fn locate(&mut self, key: &str, key_datum: pg_sys::Datum) -> Option<usize> {
+        let mut hash = None;
+        let scope = self.scope;
         for i in 0..self.parts.len() {
             if let Some(filter) = self.parts[i].filter.clone() {
                 let h = *hash.get_or_insert_with(|| keylock::hash_key(&self.scope_text, key));
@@ -183,44 +246,120 @@ impl Prober {
                     continue;
                 }
             }
-            let snapshot = self.snapshot;
-            let part = &mut self.parts[i];
-            // SAFETY: opens a leaf of the record table, which the lock on the record table keeps in
-            // place; the scan is made for that index under our registered snapshot.
-            let part = part.open.get_or_insert_with(|| unsafe { open_partition(part.relid, snapshot) });
-            // SAFETY: the scan, slot and index are those `open_partition` made and `drop` releases; the
-            // scan keys live on this stack frame during the rescan; the tuple handed to `read` is pinned in
-            // the slot until ExecClearTuple.
+            let part = self.partition(i);
+            // SAFETY: the scan and slot are those `open_partition` made.
+            if unsafe { fetch(part, part.scan, scope, key_datum) } {
+                return Some(i);
+            }
+        }
+        None
+    }
+
+    /// Partition `i`, opened on first use.
+    fn partition(&mut self, i: usize) -> &mut Partition {
+        let snapshot = self.snapshot;
+        let part = &mut self.parts[i];
+        // SAFETY: opens a leaf of the record table, which the lock on the record table keeps in
+        // place; the scan is made for that index under our registered snapshot.
+        part.open.get_or_insert_with(|| unsafe { open_partition(part.relid, snapshot) })
+    }
+
+    /// Another transaction's uncommitted insert of the key, or an insert committed after the snapshot,
+    /// in a partition that takes inserts (a sealed one takes none). Some(its transaction, or None
+    /// when committed); None when there is none.
+    fn unfinished_insert(&mut self, key_datum: pg_sys::Datum) -> Option<Option<pg_sys::TransactionId>> {
+        let dirty: *mut pg_sys::SnapshotData = self.dirty.as_deref_mut().expect("a dirty snapshot");
+        let scope = self.scope;
+        for i in 0..self.parts.len() {
+            if self.parts[i].sealed {
+                continue;
+            }
+            let part = self.partition(i);
+            // SAFETY: the dirty scan is made once per partition under the prober's own dirty snapshot
+            // (which lives in a Box as long as the prober) and ended in `drop`; the slot is reused,
+            // cleared after each tuple.
             unsafe {
-                let mut keys: [pg_sys::ScanKeyData; 2] = Default::default();
-                for (i, (entry, value)) in keys.iter_mut().zip([self.scope, key_datum]).enumerate() {
-                    pg_sys::ScanKeyEntryInitialize(
-                        entry,
-                        0,
-                        (i + 1) as i16,
-                        pg_sys::BTEqualStrategyNumber as u16,
-                        pg_sys::InvalidOid,
-                        *(*part.index).rd_indcollation.add(i),
-                        pg_sys::Oid::from(pg_sys::F_TEXTEQ),
-                        value,
-                    );
+                if part.dirty_scan.is_null() {
+                    part.dirty_scan = super::compat::index_beginscan(part.heap, part.index, dirty, 2, 0);
                 }
-                pg_sys::index_rescan(part.scan, keys.as_mut_ptr(), 2, std::ptr::null_mut(), 0);
-                if pg_sys::index_getnext_slot(
-                    part.scan,
-                    pg_sys::ScanDirection::ForwardScanDirection,
-                    part.slot,
-                ) {
-                    // The per-key lock allows one visible record per key, so this is the one.
+                (*dirty).xmin = pg_sys::InvalidTransactionId;
+                (*dirty).xmax = pg_sys::InvalidTransactionId;
+                let mut found = fetch(part, part.dirty_scan, scope, key_datum);
+                while found {
                     let tuple = Tuple { slot: part.slot, columns: &part.columns, relid: (*part.heap).rd_id };
-                    let answer = read(&tuple);
+                    let own = pg_sys::TransactionIdIsCurrentTransactionId(tuple.xmin());
                     pg_sys::ExecClearTuple(part.slot);
-                    return Some(answer);
+                    if !own {
+                        let writer = [(*dirty).xmin, (*dirty).xmax].into_iter().find(|x| *x != pg_sys::InvalidTransactionId);
+                        return Some(writer);
+                    }
+                    // Another version of the chain: a non-MVCC scan returns every one it may see.
+                    found = pg_sys::index_getnext_slot(
+                        part.dirty_scan,
+                        pg_sys::ScanDirection::ForwardScanDirection,
+                        part.slot,
+                    );
                 }
             }
         }
         None
     }
+}
+
+/// What [`Prober::find_settled`] found.
+pub enum Probe<T> {
+    Found(T),
+    Missing,
+    /// Another transaction is writing the key: wait for it (Some), or look again (None).
+    Busy(Option<pg_sys::TransactionId>),
+}
+
+/// Points `scan` (of `part`'s index) at `(scope, key)`; true when its first tuple is now in the slot.
+///
+/// # Safety
+/// `scan` is an index scan of `part.index`, made by this module; `part.slot` is empty.
+unsafe fn fetch(part: &Partition, scan: pg_sys::IndexScanDesc, scope: pg_sys::Datum, key: pg_sys::Datum) -> bool {
+    let mut keys: [pg_sys::ScanKeyData; 2] = Default::default();
+    for (i, (entry, value)) in keys.iter_mut().zip([scope, key]).enumerate() {
+        pg_sys::ScanKeyEntryInitialize(
+            entry,
+            0,
+            (i + 1) as i16,
+            pg_sys::BTEqualStrategyNumber as u16,
+            pg_sys::InvalidOid,
+            *(*part.index).rd_indcollation.add(i),
+            pg_sys::Oid::from(pg_sys::F_TEXTEQ),
+            value,
+        );
+    }
+    // The scan keys live on this stack frame during the rescan, which copies them.
+    pg_sys::index_rescan(scan, keys.as_mut_ptr(), 2, std::ptr::null_mut(), 0);
+    pg_sys::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, part.slot)
+}
+
+/// Whether the version a snapshot found is still the key's settled record: Err(Some(xid)) when another
+/// transaction is updating or deleting it, Err(None) when a transaction that committed after the
+/// snapshot did.
+///
+/// # Safety
+/// `slot` is a buffer heap tuple slot holding a pinned tuple.
+unsafe fn settled(slot: *mut pg_sys::TupleTableSlot, dirty: &mut pg_sys::SnapshotData) -> Result<(), Option<pg_sys::TransactionId>> {
+    let slot = slot as *mut pg_sys::BufferHeapTupleTableSlot;
+    let buffer = (*slot).buffer;
+    dirty.xmin = pg_sys::InvalidTransactionId;
+    dirty.xmax = pg_sys::InvalidTransactionId;
+    // Visibility reads (and may set) the tuple's hint bits: under the buffer's share lock, as a scan does.
+    pg_sys::LockBuffer(buffer, pg_sys::BUFFER_LOCK_SHARE as i32);
+    let visible = pg_sys::HeapTupleSatisfiesVisibility((*slot).base.tuple, dirty, buffer);
+    let raw_xmax = (*(*(*slot).base.tuple).t_data).t_choice.t_heap.t_xmax;
+    pg_sys::LockBuffer(buffer, pg_sys::BUFFER_LOCK_UNLOCK as i32);
+    if dirty.xmax != pg_sys::InvalidTransactionId {
+        return Err(Some(dirty.xmax));
+    }
+    if !visible && !pg_sys::TransactionIdIsCurrentTransactionId(raw_xmax) {
+        return Err(None);
+    }
+    Ok(())
 }
 
 /// Opens a partition, its `(scope, key)` index and a scan of it under `snapshot`.
@@ -233,7 +372,7 @@ unsafe fn open_partition(relid: pg_sys::Oid, snapshot: pg_sys::Snapshot) -> Part
     let index = pg_sys::index_open(layout.index, pg_sys::AccessShareLock as i32);
     let scan = super::compat::index_beginscan(heap, index, snapshot, 2, 0);
     let slot = pg_sys::table_slot_create(heap, std::ptr::null_mut());
-    Partition { heap, index, scan, slot, columns: layout.columns }
+    Partition { heap, index, scan, dirty_scan: std::ptr::null_mut(), slot, columns: layout.columns }
 }
 
 /// Partitions premade for later than this past the current time are not searched: rows get
@@ -315,6 +454,9 @@ impl Drop for Prober {
             for part in self.parts.iter().filter_map(|p| p.open.as_ref()) {
                 pg_sys::ExecDropSingleTupleTableSlot(part.slot);
                 pg_sys::index_endscan(part.scan);
+                if !part.dirty_scan.is_null() {
+                    pg_sys::index_endscan(part.dirty_scan);
+                }
                 pg_sys::index_close(part.index, pg_sys::NoLock as i32);
                 pg_sys::table_close(part.heap, pg_sys::NoLock as i32);
             }

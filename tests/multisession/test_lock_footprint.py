@@ -1,0 +1,155 @@
+"""Batches of any size under PostgreSQL's default lock-table size, and exactly-once while they overlap.
+
+Each key a transaction writes holds one entry of the shared lock table while the transaction keeps its
+lock, and the table has room for about max_locks_per_transaction (64) entries per connection. Before
+0.6.0 a batch kept one lock per key until it committed: 24 consumers each holding a 1,000-key batch
+filled the table, their claims failed with "out of shared memory", and so did new connections of
+unrelated clients. A transaction now keeps at most idempotency.key_locks_per_transaction of them (by
+default half of max_locks_per_transaction); past that its uncommitted rows keep other writers out.
+
+Its own cluster, at the defaults the issue names: max_connections = 100, max_locks_per_transaction = 64.
+"""
+import random
+import threading
+
+import psycopg
+import pytest
+
+import pgtools
+
+PORT = pgtools.port("lockfootprint")
+DB = "idem_locks"
+SERVER = pgtools.Cluster(PORT, ["shared_preload_libraries = 'idempotency'", "idempotency.database = 'postgres'"],
+                         max_connections=100)
+CONSUMERS = 32
+BATCH = 1000
+# The key locks one backend holds (objsubid is the lock namespace of keylock.rs, 0x4944 = 18756).
+KEY_LOCKS = ("SELECT pid, count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 18756 "
+             "GROUP BY pid ORDER BY 2 DESC")
+
+
+def connect(**kw):
+    return SERVER.connect(dbname=DB, **kw)
+
+
+@pytest.fixture(scope="module")
+def db():
+    SERVER.init()
+    try:
+        SERVER.start()
+        with SERVER.connect() as admin:
+            admin.execute(f"CREATE DATABASE {DB}")
+        with connect() as conn:
+            conn.execute("CREATE EXTENSION idempotency")
+            conn.execute("SELECT FROM idem_maintenance()")
+            conn.execute("CREATE TABLE effects (key text NOT NULL, worker int NOT NULL)")
+            yield conn
+    finally:
+        SERVER.stop()
+
+
+def test_defaults_are_the_issues(db):
+    settings = dict(db.execute("SELECT name, setting FROM pg_settings WHERE name IN "
+                               "('max_connections', 'max_locks_per_transaction', 'max_prepared_transactions', "
+                               "'idempotency.key_locks_per_transaction')").fetchall())
+    assert settings == {"max_connections": "100", "max_locks_per_transaction": "64",
+                        "max_prepared_transactions": "0", "idempotency.key_locks_per_transaction": "-1"}
+
+
+def _hold_batch(worker, holding, release, errors, kind):
+    keys = [f"w{worker}-{i}" for i in range(BATCH)]
+    try:
+        with connect() as s:
+            s.execute("BEGIN")
+            if kind == "claim":
+                rows = s.execute("SELECT outcome FROM idem_claim_batch(%s)", (keys,)).fetchall()
+                assert [r[0] for r in rows] == ["claimed"] * BATCH
+            else:
+                assert len(s.execute("SELECT idem_once_batch(%s)", (keys,)).fetchall()) == BATCH
+            holding.wait()
+            release.wait()
+            if kind == "claim":
+                assert s.execute("SELECT idem_complete_batch(%s)", (keys,)).fetchone()[0] == BATCH
+            s.execute("COMMIT")
+    except (psycopg.Error, AssertionError, threading.BrokenBarrierError) as e:
+        errors.append(f"consumer {worker}: {getattr(e, 'sqlstate', '')} {e}")
+        holding.abort()
+        release.abort()
+
+
+def test_32_consumers_hold_1000_key_batches(db, report):
+    holding, release = threading.Barrier(CONSUMERS + 1), threading.Barrier(CONSUMERS + 1)
+    errors = []
+    threads = [threading.Thread(target=_hold_batch, args=(w, holding, release, errors, ("claim", "once")[w % 2]))
+               for w in range(CONSUMERS)]
+    for t in threads:
+        t.start()
+    try:
+        holding.wait(timeout=300)
+        # Every batch is open: an unrelated client connects and works, and no backend holds more key
+        # locks than its budget.
+        with connect() as other:
+            assert other.execute("SELECT idem_once('unrelated')").fetchone()[0] is True
+            budget = other.execute("SELECT current_setting('max_locks_per_transaction')::int / 2").fetchone()[0]
+            held = other.execute(KEY_LOCKS).fetchall()
+            total = other.execute("SELECT count(*) FROM pg_locks").fetchone()[0]
+        release.wait(timeout=300)
+    except threading.BrokenBarrierError:
+        pass
+    for t in threads:
+        t.join()
+    assert not errors, errors[:5]
+    most = max((n for _, n in held), default=0)
+    report(f"{CONSUMERS} open batches of {BATCH} keys: at most {most} key locks in one backend "
+           f"(budget {budget}), {total} rows in pg_locks in all")
+    assert most <= budget
+    done = db.execute("SELECT count(*) FROM idempotency.records WHERE status = 'completed' AND key LIKE 'w%'").fetchone()[0]
+    assert done == CONSUMERS * BATCH
+
+
+def test_reclaim_keeps_a_bounded_number_of_locks(db):
+    db.execute("SELECT idem_claim_batch(ARRAY(SELECT 'stuck-' || g FROM generate_series(1, 1000) g), "
+               "ttl => interval '1 second')")
+    db.execute("BEGIN")
+    reclaimed = db.execute("SELECT leases_reclaimed FROM idem_maintenance(now() + interval '2 hours')").fetchone()[0]
+    held = db.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 18756 "
+                      "AND pid = pg_backend_pid()").fetchone()[0]
+    db.execute("COMMIT")
+    assert reclaimed == 1000
+    assert held <= 32
+    assert db.execute("SELECT count(*) FROM idempotency.records WHERE key LIKE 'stuck-%'").fetchone()[0] == 0
+
+
+def _overlapping(worker, rounds, errors):
+    rnd = random.Random(worker)
+    with connect() as s:
+        for _ in range(rounds):
+            keys = rnd.sample([f"o{i}" for i in range(300)], 100)
+            try:
+                s.execute("BEGIN")
+                rows = s.execute("SELECT key, token FROM idem_claim_batch(%s) WHERE outcome = 'claimed'", (keys,)).fetchall()
+                if rows:
+                    mine = [r[0] for r in rows]
+                    s.execute("INSERT INTO effects SELECT unnest(%s::text[]), %s", (mine, worker))
+                    s.execute("SELECT idem_complete_batch(%s, tokens => %s)", (mine, [r[1] for r in rows]))
+                s.execute("ROLLBACK" if rnd.random() < 0.2 else "COMMIT")
+            except psycopg.Error as e:
+                errors.append(f"worker {worker}: {e.sqlstate} {e}")
+                s.execute("ROLLBACK")
+
+
+def test_overlapping_batches_past_the_budget_apply_each_key_once(db, report):
+    errors = []
+    threads = [threading.Thread(target=_overlapping, args=(w, 15, errors)) for w in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:5]
+    twice = db.execute("SELECT key, count(*) FROM effects WHERE key LIKE 'o%' GROUP BY key HAVING count(*) > 1").fetchall()
+    assert not twice, twice[:5]
+    completed = {r[0] for r in db.execute("SELECT key FROM idempotency.records WHERE key LIKE 'o%' AND status = 'completed'")}
+    applied = {r[0] for r in db.execute("SELECT key FROM effects WHERE key LIKE 'o%'")}
+    report(f"{len(completed)} of 300 keys completed by 8 workers' overlapping 100-key batches, each applied once")
+    assert completed == applied
+    assert len(completed) > 250
