@@ -166,9 +166,10 @@ def test_a_statement_that_reads_the_storage_sees_the_claim(cluster):
 
 def test_batch_claim_and_complete_write_one_row_per_key(cluster):
     """The batch loop of one transaction: idem_claim_batch, then idem_complete_batch of the claimed keys,
-    writes each new key's row once, completed (before 0.6.0: an insert and an update per key)."""
+    writes each new key's row once, completed (before 0.6.0: an insert and an update per key), while the
+    transaction may keep the keys' locks (idempotency.key_locks_per_transaction, here 32)."""
     scope = new_scope("one-row-batch")
-    keys = [f"k{i}" for i in range(50)]
+    keys = [f"k{i}" for i in range(30)]
     with cluster.connect() as c, cluster.connect() as other:
         # One key seen before (answered, not claimed), by the other session: pg_stat_xact_user_tables also
         # shows a session's counts of earlier transactions that the stats collector has not taken yet.
@@ -190,6 +191,29 @@ def test_batch_claim_and_complete_write_one_row_per_key(cluster):
         got = dict(other.execute("SELECT key, payload FROM idempotency.records WHERE scope = %s AND key <> 'k0'",
                                  (scope,)).fetchall())
         assert got == {k: {"n": i} for i, k in enumerate(claimed)}
+        assert other.execute("SELECT count(*) FROM idem_claim_batch(%s, scope => %s) WHERE outcome = 'completed'",
+                             (keys, scope)).fetchone()[0] == len(keys)
+
+
+def test_batch_past_the_lock_budget_writes_at_once_and_keeps_no_lock(cluster):
+    """Past the key locks a transaction may keep, the batch claim writes its rows at once and gives the locks
+    back; the uncommitted rows keep the other session out all the same."""
+    scope = new_scope("one-row-batch-big")
+    keys = [f"k{i}" for i in range(50)]
+    with cluster.connect() as c, cluster.connect() as other:
+        c.execute("BEGIN")
+        assert c.execute("SELECT current_setting('idempotency.key_locks_per_transaction')::int, "
+                         "current_setting('max_locks_per_transaction')::int").fetchone() == (-1, 64)
+        outcomes = [r[0] for r in c.execute("SELECT outcome FROM idem_claim_batch(%s, scope => %s)", (keys, scope))]
+        assert outcomes == ["claimed"] * len(keys)
+        assert writes(c) == (len(keys), 0)
+        assert c.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 18756 "
+                         "AND pid = pg_backend_pid()").fetchone()[0] == 0
+        assert other.execute("SELECT outcome FROM idem_claim('k7', scope => %s, wait => false)",
+                             (scope,)).fetchone()[0] == "in_progress"
+        assert c.execute("SELECT idem_complete_batch(%s, NULL, %s)", (keys, scope)).fetchone()[0] == len(keys)
+        assert writes(c) == (len(keys), len(keys))
+        c.execute("COMMIT")
         assert other.execute("SELECT count(*) FROM idem_claim_batch(%s, scope => %s) WHERE outcome = 'completed'",
                              (keys, scope)).fetchone()[0] == len(keys)
 

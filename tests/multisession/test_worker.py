@@ -298,8 +298,18 @@ def test_statistics_survive_a_clean_restart_not_a_crash(db):
         rows = c.execute("SELECT count(*), sum(claims) FROM idempotency.stats WHERE left(scope, 10) = 'kept-long-'"
                          ).fetchone()
     assert rows == (1, 2), f"the long scope after the restart: {rows} (rows, claims)"
-    victim = connect()
+    victim, watcher = connect(), connect()
     os.kill(one(victim, "SELECT pg_backend_pid()"), signal.SIGKILL)  # the postmaster resets shared memory
+
+    def crash_seen():
+        # The postmaster ends every other backend before it resets shared memory; until then a new
+        # connection could still read the counters of before the crash.
+        try:
+            watcher.execute("SELECT 1")
+            return False
+        except psycopg.OperationalError:
+            return True
+    wait_for("the postmaster to notice the crash", crash_seen, timeout=60)
 
     def back():
         try:
