@@ -67,6 +67,10 @@ def targets(bench):
             lambda v: v >= 0.9, f"throughput {prefix}_w2a / {prefix}_w1, {human(bench.args.retained_keys)} keys, {top} clients")
         add(f"{what} of keys: claim + complete >= 1.0x 5a (pg sync=on)", ">= 1.00", ratio(f"{prefix}_w3", f"{prefix}_w5a", "on"),
             lambda v: v >= 1.0, f"throughput {prefix}_w3 / {prefix}_w5a, {human(bench.args.retained_keys)} keys, {top} clients")
+    add("a week of keys: idem_once_batch(100) >= 0.9x bare batch insert (pg sync=on)", ">= 0.90",
+        ratio("wk_bo_100", "wk_bf_100", "on"), lambda v: v >= 0.9, f"keys/s wk_bo_100 / wk_bf_100, {top} clients")
+    add("a week of keys: claim + complete batches (100) >= 1.0x hand-written (pg sync=on)", ">= 1.00",
+        ratio("wk_bc_100", "wk_bh_100", "on"), lambda v: v >= 1.0, f"keys/s wk_bc_100 / wk_bh_100, {top} clients")
     counts = bench.args.partition_counts
     add(f"{counts[-1]} partitions >= 0.95x the claims/s of {counts[0]}", ">= 0.95",
         ratio(f"p_{len(counts) - 1}", "p_0", "off", 1), lambda v: v >= 0.95, "throughput, 1 client, sync=off")

@@ -67,6 +67,11 @@ WORKLOADS = {
     "wk_w2a": ("week", "10 idem_once, {n} keys over 7 daily partitions", "tx/s"),
     "wk_w5a": ("week", "10 5a INSERT PENDING; UPDATE COMPLETED, {n} keys", "msg/s"),
     "wk_w3": ("week", "10 idem_claim + idem_complete, {n} keys over 7 daily partitions", "msg/s"),
+    # Issue 21's batches of 100 keys at a week of retained keys.
+    "wk_bf_100": ("weekbatch", "10 bare batch INSERT ... ON CONFLICT DO NOTHING, 100 keys, {n} keys retained", "keys/s"),
+    "wk_bo_100": ("weekbatch", "10 idem_once_batch, 100 keys, {n} keys over 7 daily partitions", "keys/s"),
+    "wk_bh_100": ("weekbatch", "10 hand-written INSERT PENDING; UPDATE COMPLETED, 100 keys, {n} keys", "keys/s"),
+    "wk_bc_100": ("weekbatch", "10 idem_claim_batch + idem_complete_batch, 100 keys, {n} keys over 7 daily partitions", "keys/s"),
     "mo_w1": ("month", "10 floor, {n} keys retained", "tx/s"),
     "mo_w2a": ("month", "10 idem_once, {n} keys over 30 daily partitions", "tx/s"),
     "mo_w5a": ("month", "10 5a INSERT PENDING; UPDATE COMPLETED, {n} keys", "msg/s"),
@@ -77,10 +82,10 @@ WORKLOADS = {
 }
 REFERENCE = {
     "dedup": "w1", "business": "w5a_biz", "message": "w5a", "batch": "r_nx_p16",
-    "pydriver": "py_floor", "growth": "g_0", "partitions": "p_0", "week": "wk_w1", "month": "mo_w1",
+    "pydriver": "py_floor", "growth": "g_0", "partitions": "p_0", "week": "wk_w1", "weekbatch": "wk_bf_100", "month": "mo_w1",
     "stats": "st_off", "batch100": "bf_100", "batch1000": "bf_1000",
 }
-GROUP_ORDER = ["dedup", "business", "message", "batch", "batch100", "batch1000", "pydriver", "growth", "partitions", "week", "month", "stats"]
+GROUP_ORDER = ["dedup", "business", "message", "batch", "batch100", "batch1000", "pydriver", "growth", "partitions", "week", "weekbatch", "month", "stats"]
 # In this order, so that the rows a ratio compares run back to back (noise hits them alike).
 PGBENCH_SCRIPTS = {
     "w1": "w1_floor.sql", "w2a": "w2a_once.sql", "w5c": "w5c_plain_insert.sql",
@@ -402,6 +407,18 @@ def production_shape(bench):
                 return run_pgbench(script, clients, a.duration, "on", {"dup": 0, "dupkeys": DUPKEYS})
             jobs.append(job(f"{prefix}_{wid}", "new", "on", PG_DURABILITY["on"], clients, "pgbench", fn,
                             extra_label={"n": human(keys)},
+                            extra={"retained": keys, "partitions": nparts, "sealed": sealed}))
+        # Batches of 100 keys beside their hand-written counterparts, at a week only.
+        for wid, script in (("bf_100", "w12_floor_batch.sql"), ("bo_100", "w12_once_batch.sql"),
+                            ("bh_100", "w12_hand_batch.sql"), ("bc_100", "w12_claim_complete_batch.sql")):
+            if prefix != "wk" or not bench.wanted(f"{prefix}_{wid}"):
+                continue
+
+            def fn(script=script):
+                bench.admin.q("CHECKPOINT")
+                return run_pgbench(script, clients, a.duration, "on", {"dup": 0, "dupkeys": DUPKEYS, "n": 100})
+            jobs.append(job(f"{prefix}_{wid}", "new", "on", PG_DURABILITY["on"], clients, "pgbench", fn,
+                            unit_factor=100, extra_label={"n": human(keys)},
                             extra={"retained": keys, "partitions": nparts, "sealed": sealed}))
         bench.run_jobs(jobs)
         if days > 7:

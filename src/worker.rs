@@ -123,8 +123,8 @@ pub extern "C-unwind" fn idem_maintenance_main(_arg: pg_sys::Datum) {
         }
         stats::rounds::observe(|| storage::maintenance_round(storage::transaction_start(), false), |r| r.error())
     });
-    // A round reclaims at most RECLAIM_PER_ROUND stuck leases, each holding a lock-table entry until its
-    // transaction ends; more go in transactions of their own (a few per round, so a round stays short).
+    // A round reclaims at most RECLAIM_PER_ROUND stuck leases; more go in transactions of their own (a few
+    // per round, so a round stays short).
     let mut reclaimed = round.as_ref().map_or(0, |r| r.reclaimed);
     let mut more = 0;
     while reclaimed == storage::RECLAIM_PER_ROUND && more < 9 {

@@ -104,8 +104,8 @@ pub struct KeyLock {
 impl KeyLock {
     /// Gives the lock back before the transaction ends when this call took it, for a call that
     /// only read the key: a settled key's answer cannot change under us, and other transactions
-    /// asking about the same key then need not wait for this one to end. A call that wrote keeps
-    /// the lock until commit, and so does one whose transaction held it already.
+    /// asking about the same key then need not wait for this one to end. A call that wrote calls
+    /// [`KeyLock::written`] instead; a lock the transaction held already is kept.
     pub fn release_if_only_read(self) {
         self.give_back();
     }
