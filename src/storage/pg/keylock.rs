@@ -88,6 +88,11 @@ pub fn give_back_from_now_on() {
     unlocked::enter();
 }
 
+/// Whether this transaction gives back its key locks after each call.
+pub fn giving_back() -> bool {
+    unlocked::entered()
+}
+
 fn acquire(hash: u64, namespace: u16, wait: bool) -> pg_sys::LockAcquireResult::Type {
     // SAFETY: the lock tag is a local that outlives the call; an advisory lock of the user lock
     // method in ExclusiveLock mode, held until the transaction ends (sessionLock false).
