@@ -19,6 +19,14 @@ use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::collections::{HashMap, HashSet};
 
+// Rows this transaction wrote and still holds, by ctid (see `complete_own`), in their partition.
+static COMPLETE_BY_CTID: Stmt = Stmt {
+    sql: "UPDATE {partition} r
+             SET status = 'completed', payload = u.p, updated_at = clock_timestamp(), expires_at = NULL
+            FROM unnest($1::text[]::tid[], $2::jsonb[]) AS u(t, p)
+           WHERE r.ctid = u.t",
+    args: &[pg_sys::TEXTARRAYOID, pg_sys::JSONBARRAYOID],
+};
 static COMPLETE_MANY: Stmt = Stmt {
     sql: "UPDATE idempotency.records r
              SET status = 'completed', payload = u.p, updated_at = clock_timestamp(), expires_at = NULL
@@ -153,11 +161,20 @@ fn complete_own(
         found.push(rec);
     }
     drop(prober);
+    let partition = found.first()?.partition;
+    let same_partition = found.iter().all(|rec| rec.partition == partition);
+    let ctids: Vec<String> = found.iter().map(Record::ctid_text).collect();
     for ((key, token), rec) in keys.iter().zip(tokens).zip(found) {
         check_held(Key { scope, key }, Some(rec), *token);
     }
-    let args = [arg(scope), arg(keys.to_vec()), payloads, None];
-    let done = call.conn().run(&COMPLETE_MANY, &args, Snap::Statement).len();
+    // The rows found, by ctid, in their one partition (a batch claimed now went to one); else by key.
+    let done = match same_partition {
+        true => call.conn().run_on(&COMPLETE_BY_CTID, partition, &[arg(ctids), payloads], Snap::Statement).len(),
+        false => {
+            let args = [arg(scope), arg(keys.to_vec()), payloads, None];
+            call.conn().run(&COMPLETE_MANY, &args, Snap::Statement).len()
+        }
+    };
     call.add(Counter::Completes, done as u64);
     Some(done as i64)
 }

@@ -71,6 +71,12 @@ impl Record {
         }
     }
 
+    /// This row version's ctid as text, `(block,offset)`.
+    pub fn ctid_text(&self) -> String {
+        let block = (u32::from(self.tid.ip_blkid.bi_hi) << 16) | u32::from(self.tid.ip_blkid.bi_lo);
+        format!("({block},{})", self.tid.ip_posid)
+    }
+
     /// `$1` to `$3` of the statements that update this row version: scope, key, ctid.
     pub fn row_args(&self, k: Key) -> [Option<pg_sys::Datum>; 3] {
         [arg(k.scope), arg(k.key), tid_arg(self.tid)]
