@@ -40,10 +40,28 @@ export PATH="$HOME/.cargo/bin:$PATH"
 
 log() { printf '==> %s\n' "$*" >&2; }
 
+# The PostgreSQL major versions the extension builds for (scripts/build, scripts/package).
+SUPPORTED_MAJORS=(15 16 17 18)
+# pg_major PG_CONFIG: the major version of the PostgreSQL that pg_config belongs to.
+pg_major() { "$1" --version | sed -E 's/^PostgreSQL ([0-9]+).*/\1/'; }
+# cargo_features MAJOR: the cargo flags that build for MAJOR (15 is the crate's default feature); fails
+# for a major the extension does not support.
+cargo_features() {
+  case "$1" in
+    15) ;;
+    16|17|18) echo "--no-default-features --features pg$1" ;;
+    *) echo "PostgreSQL $1 is not supported (${SUPPORTED_MAJORS[*]})" >&2; return 2 ;;
+  esac
+}
+# crate_version: the version in Cargo.toml, which is the extension's version (default_version).
+crate_version() { sed -n 's/^version *= *"\(.*\)"/\1/p' "$ROOT/Cargo.toml" | head -1; }
+
 # What the build and the demo need from Debian (scripts/install-deps demo), what the tests need on top
 # (scripts/install-deps test; scripts/test checks them), and what only the benchmarks need.
 DEMO_DEB_PACKAGES=(postgresql-15 postgresql-server-dev-15 libclang-dev clang pkg-config sudo python3-venv)
 TEST_DEB_PACKAGES=("${DEMO_DEB_PACKAGES[@]}" postgresql-15-partman)
+# PGXN's validator of META.json (tests/package), from crates.io (scripts/install-deps test).
+PGXN_META_VERSION="0.7.0"
 BENCH_DEB_PACKAGES=(redis-server)
 # What tests/monitoring/run needs (scripts/install-monitoring-deps installs them with their services stopped
 # and disabled): promtool, and the two exporters monitoring/ has configurations for.
