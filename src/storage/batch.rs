@@ -37,7 +37,7 @@ static COMPLETE_MANY: Stmt = Stmt {
 
 /// The distinct keys of a batch, sorted, in the groups it takes at a time, and whether each group's locks
 /// are given back once its rows are written: one group kept until the transaction ends when the
-/// transaction may keep that many key locks (see `keylock::budget`); else groups of the budget, so that a
+/// transaction may keep that many key locks (see `keylock::budget`); else groups of what is left of the budget, so that a
 /// batch of any size holds a bounded number of lock-table entries.
 fn groups<'a>(keys: &[&'a str]) -> (Vec<Vec<&'a str>>, bool) {
     let mut distinct = keys.to_vec();
@@ -46,8 +46,9 @@ fn groups<'a>(keys: &[&'a str]) -> (Vec<Vec<&'a str>>, bool) {
     if keylock::may_keep(distinct.len()) {
         return (vec![distinct], false);
     }
+    let size = keylock::room();
     keylock::give_back_from_now_on();
-    (distinct.chunks(keylock::budget()).map(<[&str]>::to_vec).collect(), true)
+    (distinct.chunks(size).map(<[&str]>::to_vec).collect(), true)
 }
 
 /// Claims several keys of one scope in one go. Returns one claim per input key, in input

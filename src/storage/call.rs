@@ -60,7 +60,9 @@ impl Call {
     pub fn lock_and_find<T>(&self, k: Key, wait: bool, read: impl Fn(&Tuple) -> T) -> Option<(KeyLock, Option<T>)> {
         for _ in 0..LOOKS {
             let lock = keylock::lock_key(k.scope, k.key, wait)?;
-            match self.prober_for(k).find_settled(k.key, &read) {
+            // (The prober ends here: it must not keep its pins and snapshot while this call waits.)
+            let probe = self.prober_for(k).find_settled(k.key, &read);
+            match probe {
                 Probe::Found(found) => return Some((lock, Some(found))),
                 Probe::Missing => return Some((lock, None)),
                 Probe::Busy(writer) => {

@@ -153,3 +153,31 @@ def test_overlapping_batches_past_the_budget_apply_each_key_once(db, report):
     report(f"{len(completed)} of 300 keys completed by 8 workers' overlapping 100-key batches, each applied once")
     assert completed == applied
     assert len(completed) > 250
+
+
+def test_reclaim_leaves_a_lease_being_taken_over_alone(db):
+    """A consumer past its budget takes an expired lease over and gives the key's lock back; the maintenance
+    round's reclaim, which finds the old expired version, must not wait for that consumer while holding the
+    key's lock (the consumer's idem_complete would then wait for the round: a deadlock)."""
+    db.execute("SELECT idem_claim('stuck-taken', ttl => interval '1 millisecond')")
+    while db.execute("SELECT expires_at >= clock_timestamp() FROM idem_status('stuck-taken')").fetchone()[0]:
+        pass
+    with connect() as consumer:
+        consumer.execute("SET idempotency.key_locks_per_transaction = 1")
+        consumer.execute("BEGIN")
+        consumer.execute("SELECT idem_claim('stuck-pad')")  # the one lock it keeps
+        assert consumer.execute("SELECT outcome, attempts FROM idem_claim('stuck-taken')").fetchone() == ("claimed", 2)
+        done = []
+
+        def round_():
+            with connect() as m:
+                done.append(m.execute("SELECT leases_reclaimed FROM idem_maintenance(now() + interval '2 hours')").fetchone()[0])
+        t = threading.Thread(target=round_)
+        t.start()
+        t.join(timeout=60)
+        finished = not t.is_alive()
+        consumer.execute("SELECT idem_complete('stuck-taken')")
+        consumer.execute("COMMIT")
+        t.join()
+    assert finished, "the round waited for the consumer's transaction"
+    assert db.execute("SELECT status FROM idem_status('stuck-taken')").fetchone()[0] == "completed"

@@ -3,6 +3,7 @@
 //! Run by the background worker and by `idem_maintenance()`.
 use super::sealing;
 use crate::storage::pg::keylock;
+use crate::storage::pg::probe::{Probe, Prober};
 use super::partitions;
 use crate::storage::pg::settings::Pinned;
 use crate::storage::pg::xact;
@@ -134,8 +135,12 @@ fn reclaim(conn: &Conn, cutoff: pg_sys::TimestampTz) -> i64 {
         let Some(lock) = keylock::lock_key(scope, key, false) else {
             continue;
         };
-        // A claim that took the lease over and gave the key's lock back (see `pg::unlocked`) still holds
-        // the row: the DELETE waits for it, then skips the row its update left.
+        // A claim that took the lease over and gave the key's lock back (see `pg::unlocked`) is writing the
+        // row: left alone too (the DELETE would wait for it, holding the key's lock that claim may want).
+        if let Probe::Busy(_) = Prober::open(scope).find_settled(key, |_| ()) {
+            lock.give_back();
+            continue;
+        }
         let rows = conn.run(
             &RECLAIM,
             &[arg(scope.as_str()), arg(key.as_str()), ts_arg(*created_at), cutoff],

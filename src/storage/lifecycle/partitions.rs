@@ -210,7 +210,9 @@ pub fn ensure_covered(conn: &Conn, ts: pg_sys::TimestampTz) {
         return;
     }
     if gucs::partition_manager() == gucs::PartitionManager::Builtin {
-        create_missing(conn, ts);
+        if create_missing(conn, ts) > 0 {
+            keylock::keep_all_from_now_on();
+        }
     } else {
         look_up_coverage(conn, ts);
     }

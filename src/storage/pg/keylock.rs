@@ -65,6 +65,22 @@ thread_local! {
     /// Key locks this transaction took and has not given back. (A rolled-back subtransaction's locks
     /// go with it and stay counted here: the count only errs high, which gives locks back sooner.)
     static HELD: Cell<usize> = const { Cell::new(0) };
+    /// This transaction made a partition that takes its inserts: it keeps every key lock (see
+    /// [`keep_all_from_now_on`]).
+    static KEEP_ALL: Cell<bool> = const { Cell::new(false) };
+}
+
+/// The transaction made the partition its rows go to. Other transactions do not see that partition until
+/// this one commits, so an uncommitted row there cannot stand in for its key's lock: from now on the
+/// transaction keeps every key lock it takes until it ends, whatever the budget (it happens once per
+/// partition interval, and only when maintenance did not premake the partition).
+pub fn keep_all_from_now_on() {
+    KEEP_ALL.set(true);
+}
+
+/// The key locks this transaction may still take and keep: what is left of its [`budget`], at least 1.
+pub fn room() -> usize {
+    budget().saturating_sub(HELD.get()).max(1)
 }
 
 /// The key locks a transaction keeps until it ends: `idempotency.key_locks_per_transaction`, by
@@ -74,13 +90,14 @@ pub fn budget() -> usize {
     match crate::gucs::key_locks_per_transaction() {
         // SAFETY: reads a setting fixed at server start.
         n if n < 0 => (unsafe { pg_sys::max_locks_per_xact } / 2).max(1) as usize,
-        n => n as usize,
+        // 0 means 1: a batch needs at least one key's lock at a time.
+        n => (n as usize).max(1),
     }
 }
 
 /// Whether this transaction may take `n` more key locks and keep them until it ends.
 pub fn may_keep(n: usize) -> bool {
-    !unlocked::entered() && HELD.get() + n <= budget()
+    KEEP_ALL.get() || (!unlocked::entered() && HELD.get() + n <= budget())
 }
 
 /// From here on, this transaction gives back the key locks of each call once the call wrote its rows.
@@ -132,7 +149,7 @@ impl KeyLock {
     /// kept until the transaction ends while the transaction is within its [`budget`], and given back
     /// otherwise, the uncommitted row standing in for it (see `unlocked`).
     pub fn written(self) {
-        if self.fresh && (unlocked::entered() || HELD.get() > budget()) {
+        if self.fresh && !KEEP_ALL.get() && (unlocked::entered() || HELD.get() > budget()) {
             unlocked::enter();
             self.give_back();
         }
@@ -141,7 +158,7 @@ impl KeyLock {
     /// Whether the key's row may stay unwritten until the transaction ends (see `deferred`): only a lock
     /// kept until then can stand in for it.
     pub fn may_defer(&self) -> bool {
-        !self.fresh || (!unlocked::entered() && HELD.get() <= budget())
+        !self.fresh || KEEP_ALL.get() || (!unlocked::entered() && HELD.get() <= budget())
     }
 }
 
@@ -206,6 +223,7 @@ unsafe extern "C-unwind" fn at_transaction_end(event: pg_sys::XactEvent::Type, _
     use pg_sys::XactEvent::*;
     if matches!(event, XACT_EVENT_COMMIT | XACT_EVENT_ABORT | XACT_EVENT_PREPARE) {
         HELD.set(0);
+        KEEP_ALL.set(false);
     }
 }
 

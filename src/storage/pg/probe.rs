@@ -150,12 +150,18 @@ impl Prober {
         // unregistered in `drop` (or released by the abort); the record table is opened and locked by
         // PostgreSQL's own functions.
         unsafe {
-            // Like a non-read-only SPI statement: make this transaction's earlier writes visible.
-            pg_sys::CommandCounterIncrement();
-            let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
+            // Read before the snapshot, which must then see what a transaction counted there committed
+            // before it was no longer counted (its end is visible before the count drops).
+            let dirty = unlocked::others_may_have().then(|| {
+                Box::new(pg_sys::SnapshotData {
+                    snapshot_type: pg_sys::SnapshotType::SNAPSHOT_DIRTY,
+                    ..Default::default()
+                })
+            });
             let mut leaves = Vec::new();
             // Rows moved out of sealed partitions may start as late as the newest seal's end.
             let horizon = xact::clock().max(known.sealed_to.unwrap_or(i64::MIN)) + FUTURE_MARGIN_US;
+            // (Opening the record table may wait behind a partition drop: the snapshot is taken after.)
             collect_leaves(catalog::records_oid(), Some(horizon), &mut leaves);
             // Newest first: a duplicate is most likely a recent key.
             leaves.reverse();
@@ -168,12 +174,9 @@ impl Prober {
                     open: None,
                 })
                 .collect();
-            let dirty = unlocked::others_may_have().then(|| {
-                Box::new(pg_sys::SnapshotData {
-                    snapshot_type: pg_sys::SnapshotType::SNAPSHOT_DIRTY,
-                    ..Default::default()
-                })
-            });
+            // Like a non-read-only SPI statement: make this transaction's earlier writes visible.
+            pg_sys::CommandCounterIncrement();
+            let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
             Prober {
                 scope: scope.into_datum().expect("text datum"),
                 scope_text: scope.to_string(),

@@ -331,6 +331,17 @@ COMMIT;
 SELECT k FROM idem_once_batch(ARRAY['l-4', 'l-5', 'l-6']) AS t(k);
 RESET idempotency.max_batch_keys;
 SELECT count(*) AS rows FROM idem_claim_batch(ARRAY['l-1', 'l-2', 'l-3', 'l-4', 'l-5', 'l-6', 'l-7']);
+-- Past the key locks a transaction keeps (idempotency.key_locks_per_transaction; 0 counts as 1), batches
+-- go a group at a time and give the locks back: the same answers, and no key lock left.
+SET idempotency.key_locks_per_transaction = 0;
+BEGIN;
+SELECT key, outcome FROM idem_claim_batch(ARRAY['g-3', 'g-1', 'g-2', 'g-1']);
+SELECT idem_complete_batch(ARRAY['g-1', 'g-2', 'g-3']) AS completed;
+SELECT k FROM idem_once_batch(ARRAY['g-1', 'g-4', 'g-5', 'g-4']) AS t(k);
+SELECT count(*) AS key_locks FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 18756 AND pid = pg_backend_pid();
+COMMIT;
+SELECT key, outcome FROM idem_claim_batch(ARRAY['g-1', 'g-4', 'g-6']);
+RESET idempotency.key_locks_per_transaction;
 
 -----------------------------------------------------------------------------
 -- Privileges: idempotency_consumer may call the batch functions; a plain role may not,
