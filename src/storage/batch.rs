@@ -21,14 +21,14 @@ use std::collections::{HashMap, HashSet};
 
 // Rows this transaction wrote and still holds, by ctid (see `complete_own`), in their partition.
 static COMPLETE_BY_CTID: Stmt = Stmt {
-    sql: "UPDATE {partition} r
+    sql: "/* planned per call */ UPDATE {partition} r
              SET status = 'completed', payload = u.p, updated_at = clock_timestamp(), expires_at = NULL
             FROM unnest($1::text[]::tid[], $2::jsonb[]) AS u(t, p)
            WHERE r.ctid = u.t",
     args: &[pg_sys::TEXTARRAYOID, pg_sys::JSONBARRAYOID],
 };
 static COMPLETE_MANY: Stmt = Stmt {
-    sql: "UPDATE idempotency.records r
+    sql: "/* planned per call */ UPDATE idempotency.records r
              SET status = 'completed', payload = u.p, updated_at = clock_timestamp(), expires_at = NULL
             FROM unnest($2::text[], $3::jsonb[]) AS u(k, p)
            WHERE r.scope = $1 AND r.key = u.k AND ($4::text[] IS NULL OR u.k = ANY ($4))",

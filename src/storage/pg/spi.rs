@@ -12,6 +12,9 @@ use std::collections::HashMap;
 use std::ffi::CString;
 
 /// One SQL statement with its parameter types; its plan is prepared on first use and kept.
+/// The start of a statement that is planned at each call, with its arguments' values (see `Conn::plan`).
+pub const PLANNED_PER_CALL: &str = "/* planned per call */";
+
 pub struct Stmt {
     pub sql: &'static str,
     pub args: &'static [pg_sys::Oid],
@@ -73,12 +76,14 @@ impl Conn {
             // Generic plans only: a custom plan would be re-planned at every call (our updates
             // name one partition through $3, which makes custom plans look cheaper), and planning
             // costs more than running these statements.
-            let plan = pg_sys::SPI_prepare_cursor(
-                sql.as_ptr(),
-                types.len() as i32,
-                types.as_mut_ptr(),
-                pg_sys::CURSOR_OPT_GENERIC_PLAN as i32,
-            );
+            // Except a statement marked PLANNED_PER_CALL: one joined with an array argument, whose best plan
+            // depends on the array's length and the table's size (a generic plan made while a partition was
+            // nearly empty hashed the array against a seq scan of the partition, at every later call).
+            let options = match stmt.sql.starts_with(PLANNED_PER_CALL) {
+                true => pg_sys::CURSOR_OPT_CUSTOM_PLAN,
+                false => pg_sys::CURSOR_OPT_GENERIC_PLAN,
+            };
+            let plan = pg_sys::SPI_prepare_cursor(sql.as_ptr(), types.len() as i32, types.as_mut_ptr(), options as i32);
             if plan.is_null() {
                 let code = pg_sys::SPI_result;
                 panic!("SPI_prepare failed ({code}) for: {}", stmt.sql);
