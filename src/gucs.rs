@@ -235,6 +235,16 @@ static STATS_MAX_SCOPES: Int = Int {
     set_by: SetBy::Startup,
     flags: GucFlags::empty(),
 };
+static HELD_KEYS: Int = Int {
+    name: c"idempotency.held_keys",
+    short: c"Keys the cluster's transactions may hold past their key-lock budget without lock-table entries.",
+    long: c"A transaction past idempotency.key_locks_per_transaction holds each further key in a shared table of its own (16 bytes a key) instead of the lock table, and still writes a claim made and completed in one transaction once. When the table is full, the claim is written at once and its uncommitted row keeps other writers out. 0 turns the table off. Sizes shared memory; needs shared_preload_libraries.",
+    value: GucSetting::<i32>::new(65_536),
+    min: 0,
+    max: 16_777_216,
+    set_by: SetBy::Startup,
+    flags: GucFlags::empty(),
+};
 
 static STATS: GucSetting<bool> = GucSetting::<bool>::new(true);
 static REQUIRE_SCOPE_GRANTS: GucSetting<bool> = GucSetting::<bool>::new(false);
@@ -266,6 +276,7 @@ pub fn init() {
     // SAFETY: reads a flag PostgreSQL sets while it loads shared_preload_libraries.
     if unsafe { pgrx::pg_sys::process_shared_preload_libraries_in_progress } {
         STATS_MAX_SCOPES.register();
+        HELD_KEYS.register();
     }
     GucRegistry::define_bool_guc(
         c"idempotency.require_scope_grants",
@@ -354,6 +365,10 @@ pub fn filter_cache() -> usize {
 }
 pub fn key_locks_per_transaction() -> i32 {
     KEY_LOCKS_PER_TRANSACTION.value.get()
+}
+/// `idempotency.held_keys` (read while preloading, to size the table of held keys).
+pub fn held_keys() -> usize {
+    HELD_KEYS.value.get() as usize
 }
 pub fn max_batch_keys() -> usize {
     MAX_BATCH_KEYS.value.get() as usize

@@ -57,7 +57,7 @@ fn groups<'a>(keys: &[&'a str]) -> (Vec<Vec<&'a str>>, bool) {
 pub fn claim_batch(scope: &str, keys: &[&str], ttl: Interval) -> Vec<Claim> {
     Call::run(scope, |call| {
         partitions::ensure_covered(call.conn(), xact::start_time());
-        let (groups, give_back) = groups(keys);
+        let (groups, _) = groups(keys);
         let mut answers: HashMap<&str, Claim> = HashMap::with_capacity(keys.len());
         for group in &groups {
             let (locks, mut found) =
@@ -73,7 +73,7 @@ pub fn claim_batch(scope: &str, keys: &[&str], ttl: Interval) -> Vec<Claim> {
                     None => {
                         let (partition, created_at) = target.expect("an insert target");
                         let (token, claimed_at, expires_at) = new_lease(ttl);
-                        let remember = !give_back;
+                        let remember = lock.may_defer();
                         deferred::claim_new(call.conn(), k, remember, token, None, partition, created_at, claimed_at, expires_at);
                         lock.written();
                         Claim::claimed(Some(token), Some(1), Some(expires_at))

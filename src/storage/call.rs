@@ -54,12 +54,21 @@ impl Call {
     }
 
     /// Takes `k`'s lock and reads its record, for a call that may write it. Another transaction may
-    /// have an unfinished write of the key and no longer hold its lock (see `pg::unlocked`): then the
-    /// lock is given back, that transaction waited for, and the key looked at again. None when `wait`
-    /// is false and the key is busy (its lock taken, or another transaction writing it).
+    /// hold the key without its lock (see `pg::holds`), or have an unfinished write of it and no longer
+    /// hold its lock (see `pg::unlocked`): then the lock is given back, that transaction waited for, and
+    /// the key looked at again. None when `wait` is false and the key is busy (its lock taken, or another
+    /// transaction holding or writing it).
     pub fn lock_and_find<T>(&self, k: Key, wait: bool, read: impl Fn(&Tuple) -> T) -> Option<(KeyLock, Option<T>)> {
         for _ in 0..LOOKS {
             let lock = keylock::lock_key(k.scope, k.key, wait)?;
+            if let Some(holder) = lock.held_elsewhere() {
+                lock.give_back();
+                if !wait {
+                    return None;
+                }
+                keylock::wait_for_writer(k.scope, holder);
+                continue;
+            }
             // (The prober ends here: it must not keep its pins and snapshot while this call waits.)
             let probe = self.prober_for(k).find_settled(k.key, &read);
             match probe {
@@ -97,7 +106,18 @@ impl Call {
                 .iter()
                 .map(|&key| (key, keylock::lock_key(scope, key, true).expect("waited for the lock")))
                 .collect();
-            let mut prober = self.prober(scope);
+            if let Some(holder) = locks.iter().find_map(|(_, lock)| lock.held_elsewhere()) {
+                for (_, lock) in locks {
+                    lock.give_back();
+                }
+                keylock::wait_for_writer(scope, holder);
+                continue;
+            }
+            // Only these keys' remembered claims are written: the batch's earlier groups stay unwritten.
+            for &key in sorted {
+                deferred::write_key(&self.conn, Key { scope, key });
+            }
+            let mut prober = Prober::open(scope);
             let mut found = HashMap::with_capacity(sorted.len());
             let mut busy = None;
             for &key in sorted {

@@ -61,6 +61,7 @@ pub fn maintenance_round(as_of: pgrx::pg_sys::TimestampTz, wait: bool) -> Option
 /// facts true.
 pub fn init() {
     pg::unlocked::init();
+    pg::holds::init();
     pg::keylock::init();
     deferred::init();
     grants::init();

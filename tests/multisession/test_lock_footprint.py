@@ -5,9 +5,13 @@ lock, and the table has room for about max_locks_per_transaction (64) entries pe
 0.6.0 a batch kept one lock per key until it committed: 24 consumers each holding a 1,000-key batch
 filled the table, their claims failed with "out of shared memory", and so did new connections of
 unrelated clients. A transaction now keeps at most idempotency.key_locks_per_transaction of them (by
-default half of max_locks_per_transaction); past that its uncommitted rows keep other writers out.
+default half of max_locks_per_transaction); past that it holds further keys in a shared table of the
+extension's own (idempotency.held_keys), or, when that table is full, its uncommitted rows keep other
+writers out.
 
 Its own cluster, at the defaults the issue names: max_connections = 100, max_locks_per_transaction = 64.
+Every test runs three times: with the table of held keys (the default), with it off (held_keys = 0), where
+every key past the budget is kept by its uncommitted row, and with a table that fills up (both at once).
 """
 import random
 import threading
@@ -19,8 +23,10 @@ import pgtools
 
 PORT = pgtools.port("lockfootprint")
 DB = "idem_locks"
-SERVER = pgtools.Cluster(PORT, ["shared_preload_libraries = 'idempotency'", "idempotency.database = 'postgres'"],
-                         max_connections=100)
+# The table of held keys at its default size; off; and so small (768 keys) that it fills up, and the keys past
+# it are kept by their rows while the others are held.
+MODES = {"held": [], "rows": ["idempotency.held_keys = 0"], "full": ["idempotency.held_keys = 1"]}
+SERVER = pgtools.Cluster(PORT, [], max_connections=100)
 CONSUMERS = 32
 BATCH = 1000
 # The key locks one backend holds (objsubid is the lock namespace of keylock.rs, 0x4944 = 18756).
@@ -32,8 +38,10 @@ def connect(**kw):
     return SERVER.connect(dbname=DB, **kw)
 
 
-@pytest.fixture(scope="module")
-def db():
+@pytest.fixture(scope="module", params=sorted(MODES))
+def db(request):
+    SERVER.conf = ["shared_preload_libraries = 'idempotency'", "idempotency.database = 'postgres'",
+                   *MODES[request.param]]
     SERVER.init()
     try:
         SERVER.start()

@@ -135,9 +135,10 @@ fn reclaim(conn: &Conn, cutoff: pg_sys::TimestampTz) -> i64 {
         let Some(lock) = keylock::lock_key(scope, key, false) else {
             continue;
         };
-        // A claim that took the lease over and gave the key's lock back (see `pg::unlocked`) is writing the
-        // row: left alone too (the DELETE would wait for it, holding the key's lock that claim may want).
-        if let Probe::Busy(_) = Prober::open(scope).find_settled(key, |_| ()) {
+        // A claim that took the lease over and gave the key's lock back (see `pg::holds`, `pg::unlocked`) is
+        // writing the row: left alone too (the DELETE would wait for it, holding the key's lock that claim may want).
+        let held = lock.held_elsewhere().is_some();
+        if held || matches!(Prober::open(scope).find_settled(key, |_| ()), Probe::Busy(_)) {
             lock.give_back();
             continue;
         }

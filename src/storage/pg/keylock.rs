@@ -15,8 +15,10 @@
 //!
 //! Each lock is one entry of the shared lock table, which has room for about `max_locks_per_transaction`
 //! entries per connection. So a transaction keeps the locks it takes until it ends only up to
-//! [`budget`]; past it, a call gives the locks it took back once it has written their keys' rows
-//! ([`KeyLock::written`]), and the uncommitted rows keep other writers out (see `unlocked`).
+//! [`budget`]; past it, a call records the keys it claimed or wrote in a shared table of its own (`holds`)
+//! and gives their locks back ([`KeyLock::written`]). When that table is full, their rows are written at once
+//! and keep other writers out instead (see `unlocked`).
+use super::holds;
 use super::unlocked;
 use crate::stats;
 use pgrx::{pg_sys, PgTryBuilder};
@@ -68,6 +70,8 @@ thread_local! {
     /// This transaction made a partition that takes its inserts: it keeps every key lock (see
     /// [`keep_all_from_now_on`]).
     static KEEP_ALL: Cell<bool> = const { Cell::new(false) };
+    /// Past its budget: each call gives back the key locks it took (see [`KeyLock::written`]).
+    static GIVING_BACK: Cell<bool> = const { Cell::new(false) };
 }
 
 /// The transaction made the partition its rows go to. Other transactions do not see that partition until
@@ -97,17 +101,17 @@ pub fn budget() -> usize {
 
 /// Whether this transaction may take `n` more key locks and keep them until it ends.
 pub fn may_keep(n: usize) -> bool {
-    KEEP_ALL.get() || (!unlocked::entered() && HELD.get() + n <= budget())
+    KEEP_ALL.get() || (!GIVING_BACK.get() && HELD.get() + n <= budget())
 }
 
 /// From here on, this transaction gives back the key locks of each call once the call wrote its rows.
 pub fn give_back_from_now_on() {
-    unlocked::enter();
+    GIVING_BACK.set(true);
 }
 
 /// Whether this transaction gives back its key locks after each call.
 pub fn giving_back() -> bool {
-    unlocked::entered()
+    GIVING_BACK.get()
 }
 
 fn acquire(hash: u64, namespace: u16, wait: bool) -> pg_sys::LockAcquireResult::Type {
@@ -145,20 +149,40 @@ impl KeyLock {
         }
     }
 
-    /// The call wrote the key's row (or the key's row is gone, deleted by this transaction): the lock is
-    /// kept until the transaction ends while the transaction is within its [`budget`], and given back
-    /// otherwise, the uncommitted row standing in for it (see `unlocked`).
+    /// Another running transaction that holds the key without its lock (see `holds`): the caller gives
+    /// this lock back and waits for it. Asked before the caller's snapshot.
+    pub fn held_elsewhere(&self) -> Option<pg_sys::TransactionId> {
+        holds::holder(self.hash)
+    }
+
+    /// This call took the lock past the transaction's [`budget`].
+    fn past_budget(&self) -> bool {
+        self.fresh && (GIVING_BACK.get() || HELD.get() > budget())
+    }
+
+    /// The call wrote or claimed the key (or deleted its row): the lock is kept until the transaction ends
+    /// while the transaction is within its [`budget`]. Past it, the key is held in the shared table
+    /// (`holds`) and its lock given back; when the table has no room, the uncommitted row stands in for
+    /// the lock (see `unlocked`), unless the transaction made the partition of its rows (which others
+    /// cannot see yet: it keeps the lock).
     pub fn written(self) {
-        if self.fresh && !KEEP_ALL.get() && (unlocked::entered() || HELD.get() > budget()) {
+        if !self.past_budget() {
+            return;
+        }
+        GIVING_BACK.set(true);
+        if holds::hold(self.hash) {
+            self.give_back();
+        } else if !KEEP_ALL.get() {
             unlocked::enter();
             self.give_back();
         }
     }
 
-    /// Whether the key's row may stay unwritten until the transaction ends (see `deferred`): only a lock
-    /// kept until then can stand in for it.
+    /// Whether the key's claim may stay unwritten until the transaction ends (see `deferred`): something
+    /// must keep other writers out until then, a lock kept or, past the budget, the key held in the shared
+    /// table (taken here, given back with the transaction or its subtransaction).
     pub fn may_defer(&self) -> bool {
-        !self.fresh || KEEP_ALL.get() || (!unlocked::entered() && HELD.get() <= budget())
+        !self.past_budget() || holds::hold(self.hash) || KEEP_ALL.get()
     }
 }
 
@@ -224,6 +248,7 @@ unsafe extern "C-unwind" fn at_transaction_end(event: pg_sys::XactEvent::Type, _
     if matches!(event, XACT_EVENT_COMMIT | XACT_EVENT_ABORT | XACT_EVENT_PREPARE) {
         HELD.set(0);
         KEEP_ALL.set(false);
+        GIVING_BACK.set(false);
     }
 }
 

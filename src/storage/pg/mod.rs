@@ -8,8 +8,9 @@
 //!   the one row writer;
 //! - `catalog`: cached catalog facts and the invalidations that clear them; `bounds`: partition
 //!   bounds read from the catalog;
-//! - `keylock`: the per-key lock and the storage's other advisory locks; `unlocked`: whether some
-//!   transaction's uncommitted rows stand in for key locks it gave back; `xact`: transaction facts;
+//! - `keylock`: the per-key lock and the storage's other advisory locks; `holds`: keys held past the
+//!   lock budget in a shared table instead; `unlocked`: whether some transaction's uncommitted rows stand
+//!   in for key locks it gave back (when that table is full); `xact`: transaction facts;
 //! - `document`: jsonb payloads passed through; `filter`: the membership filter's arithmetic;
 //!   `sealed`: what a backend knows of the sealed partitions, and the reads of their filters;
 //! - `compat`: the calls whose form differs between PostgreSQL 15, 16, 17 and 18.
@@ -19,6 +20,7 @@ pub mod compat;
 pub mod direct;
 pub mod document;
 pub mod filter;
+pub mod holds;
 pub mod keylock;
 pub mod owner;
 pub mod probe;

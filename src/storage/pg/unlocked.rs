@@ -56,11 +56,6 @@ pub fn enter() {
     }
 }
 
-/// Whether this transaction gives its key locks back after each call.
-pub fn entered() -> bool {
-    ENTERED.get()
-}
-
 /// Whether another transaction may have an uncommitted row of a key whose lock it gave back. Read after
 /// taking the key's lock: a transaction that gave it back was counted before it did.
 pub fn others_may_have() -> bool {

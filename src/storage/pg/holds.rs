@@ -1,0 +1,309 @@
+//! Keys held past the key-lock budget without lock-table entries.
+//!
+//! A transaction keeps at most `keylock::budget` key locks, because each one is an entry of PostgreSQL's
+//! shared lock table, which has room for about `max_locks_per_transaction` of them per connection. Past the
+//! budget, a call records each key it wrote or claimed here, under the key's lock, and then gives the lock
+//! back: a fixed table in shared memory, 16 bytes a key (`idempotency.held_keys` of them), mapping the key
+//! lock's hash to the top-level transaction id that holds it. Every call that takes a key's lock looks here
+//! next ([`holder`]), before its snapshot: another running transaction's entry makes it give its lock back,
+//! wait for that transaction (`XactLockTableWait`, as a lock wait), and look again. So an entry keeps other
+//! writers out exactly as the lock did, and a claim recorded here may stay unwritten until its fate is known
+//! (one row for a claim completed in its own transaction, see `deferred`).
+//!
+//! Entries go when their transaction ends (COMMIT, ABORT, PREPARE: PostgreSQL runs those callbacks after the
+//! end is visible to new snapshots), or with the subtransaction that made them. An entry whose transaction is
+//! no longer running counts for nothing, so one left by a backend that died is harmless; the postmaster
+//! resets shared memory after a crash anyway. When the table is full, or the library was not preloaded, a
+//! call falls back to writing its rows at once and letting them keep other writers out (see `unlocked`).
+use pgrx::pg_sys;
+use std::cell::RefCell;
+
+/// Shards of the table, each with its own LWLock, so that backends rarely wait for each other.
+const SHARDS: usize = 64;
+const TRANCHE: &std::ffi::CStr = c"idempotency held keys";
+const REGION_NAME: &std::ffi::CStr = c"idempotency held keys";
+
+/// One held key; free while `xid` is 0 (InvalidTransactionId).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct Slot {
+    hash: u64,
+    db: u32,
+    xid: u32,
+}
+
+/// The table in shared memory: `SHARDS` counts, then `SHARDS` runs of `cap` slots (an open-addressed
+/// table per shard, linear probing, kept at most three quarters full).
+#[repr(C)]
+struct Header {
+    cap: u32,
+    counts: [u32; SHARDS],
+}
+
+static mut REGION: *mut Header = std::ptr::null_mut();
+static mut LOCKS: *mut pg_sys::LWLockPadded = std::ptr::null_mut();
+static mut PREV_REQUEST_HOOK: pg_sys::shmem_request_hook_type = None;
+static mut PREV_STARTUP_HOOK: pg_sys::shmem_startup_hook_type = None;
+
+thread_local! {
+    /// The keys this transaction holds here, with the subtransaction that took each, and its xid.
+    static MINE: RefCell<(pg_sys::TransactionId, Vec<(u64, pg_sys::SubTransactionId)>)> =
+        const { RefCell::new((pg_sys::InvalidTransactionId, Vec::new())) };
+}
+
+/// Slots per shard for `keys` held keys: a power of two, at least 16, with a quarter left free.
+fn shard_capacity(keys: usize) -> usize {
+    (keys.div_ceil(SHARDS) * 4).div_ceil(3).next_power_of_two().max(16)
+}
+
+fn region_size(keys: usize) -> usize {
+    std::mem::size_of::<Header>() + SHARDS * shard_capacity(keys) * std::mem::size_of::<Slot>()
+}
+
+/// `_PG_init`: the table's memory and locks when preloading (and `idempotency.held_keys` is not 0), and
+/// the callbacks that drop a transaction's entries.
+pub fn init() {
+    // SAFETY: reads a flag PostgreSQL sets while it loads shared_preload_libraries; chains our hooks in
+    // front of the previous ones, once, in the postmaster; registers static functions once per process.
+    unsafe {
+        if pg_sys::process_shared_preload_libraries_in_progress && crate::gucs::held_keys() > 0 {
+            PREV_REQUEST_HOOK = pg_sys::shmem_request_hook;
+            pg_sys::shmem_request_hook = Some(request_memory);
+            PREV_STARTUP_HOOK = pg_sys::shmem_startup_hook;
+            pg_sys::shmem_startup_hook = Some(set_up_memory);
+        }
+        pg_sys::RegisterXactCallback(Some(at_transaction_end), std::ptr::null_mut());
+        pg_sys::RegisterSubXactCallback(Some(at_subtransaction_end), std::ptr::null_mut());
+    }
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn request_memory() {
+    if let Some(prev) = PREV_REQUEST_HOOK {
+        prev();
+    }
+    pg_sys::RequestAddinShmemSpace(region_size(crate::gucs::held_keys()));
+    pg_sys::RequestNamedLWLockTranche(TRANCHE.as_ptr(), SHARDS as i32);
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn set_up_memory() {
+    if let Some(prev) = PREV_STARTUP_HOOK {
+        prev();
+    }
+    let keys = crate::gucs::held_keys();
+    let size = region_size(keys);
+    let init_lock = &raw mut (*pg_sys::MainLWLockArray.add(21)).lock; // AddinShmemInitLock
+    pg_sys::LWLockAcquire(init_lock, pg_sys::LWLockMode::LW_EXCLUSIVE);
+    let mut found = false;
+    let region = pg_sys::ShmemInitStruct(REGION_NAME.as_ptr(), size, &mut found) as *mut Header;
+    if !found {
+        // All zeroes: no key held.
+        std::ptr::write_bytes(region as *mut u8, 0, size);
+        (*region).cap = shard_capacity(keys) as u32;
+    }
+    LOCKS = pg_sys::GetNamedLWLockTranche(TRANCHE.as_ptr());
+    REGION = region;
+    pg_sys::LWLockRelease(init_lock);
+}
+
+/// One shard, locked while this lives.
+struct Shard {
+    index: usize,
+    slots: &'static mut [Slot],
+}
+
+impl Shard {
+    /// The shard of `hash`, locked; None without the table.
+    fn lock(hash: u64, db: u32, mode: pg_sys::LWLockMode::Type) -> Option<Shard> {
+        // SAFETY: REGION and LOCKS are set once at startup (inherited by every backend) and never freed;
+        // the shard's LWLock guards its slots and count.
+        unsafe {
+            let region = REGION;
+            if region.is_null() {
+                return None;
+            }
+            let index = (mix(hash, db) % SHARDS as u64) as usize;
+            pg_sys::LWLockAcquire(&raw mut (*LOCKS.add(index)).lock, mode);
+            let cap = (*region).cap as usize;
+            let first = (region.add(1) as *mut Slot).add(index * cap);
+            Some(Shard { index, slots: std::slice::from_raw_parts_mut(first, cap) })
+        }
+    }
+
+    fn count(&mut self) -> &mut u32 {
+        // SAFETY: the count of this shard, guarded by its lock, held exclusively by writers.
+        unsafe { &mut (*REGION).counts[self.index] }
+    }
+
+    fn home(&self, hash: u64, db: u32) -> usize {
+        ((mix(hash, db) / SHARDS as u64) as usize) & (self.slots.len() - 1)
+    }
+
+    /// The slot of `(hash, db)`, or the free slot where the search for it ended.
+    fn find(&self, hash: u64, db: u32) -> Result<usize, usize> {
+        let mask = self.slots.len() - 1;
+        let mut i = self.home(hash, db);
+        loop {
+            let slot = self.slots[i];
+            if slot.xid == 0 {
+                return Err(i);
+            }
+            if slot.hash == hash && slot.db == db {
+                return Ok(i);
+            }
+            i = (i + 1) & mask;
+        }
+    }
+
+    /// Frees slot `i` and moves later slots of its run back, so that every search still finds them.
+    fn remove(&mut self, mut i: usize) {
+        let mask = self.slots.len() - 1;
+        let mut j = i;
+        loop {
+            j = (j + 1) & mask;
+            let slot = self.slots[j];
+            if slot.xid == 0 {
+                break;
+            }
+            let home = self.home(slot.hash, slot.db);
+            // Whether `home` lies cyclically in (i, j]: then slot j stays where it is.
+            let stays = if i <= j { i < home && home <= j } else { i < home || home <= j };
+            if !stays {
+                self.slots[i] = slot;
+                i = j;
+            }
+        }
+        self.slots[i] = Slot::default();
+        *self.count() -= 1;
+    }
+}
+
+impl Drop for Shard {
+    fn drop(&mut self) {
+        // SAFETY: releases the lock `Shard::lock` took.
+        unsafe { pg_sys::LWLockRelease(&raw mut (*LOCKS.add(self.index)).lock) };
+    }
+}
+
+/// Spreads the key hash and the database over shards and slots.
+fn mix(hash: u64, db: u32) -> u64 {
+    (hash ^ (db as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)).wrapping_mul(0xff51_afd7_ed55_8ccd) >> 7
+}
+
+fn database() -> u32 {
+    // SAFETY: reads the backend's database oid, set once at connection start.
+    unsafe { pg_sys::MyDatabaseId }.to_u32()
+}
+
+/// Records that this transaction holds the key of lock hash `hash` until it ends. The caller holds the
+/// key's lock. False when there is no room (the table is full, or there is no table).
+pub fn hold(hash: u64) -> bool {
+    let db = database();
+    // SAFETY: inside a transaction that writes (it holds a key's lock to write it): assigns its xid if
+    // it has none yet, as its first write would.
+    let xid = unsafe { pg_sys::GetTopTransactionId() };
+    let Some(mut shard) = Shard::lock(hash, db, pg_sys::LWLockMode::LW_EXCLUSIVE) else {
+        return false;
+    };
+    match shard.find(hash, db) {
+        Ok(i) if shard.slots[i].xid == xid.into_inner() => return true,
+        // Left by a transaction that has ended (its end callback is yet to run): ours now. (A running
+        // holder cannot be here: the caller looked for one after taking the key's lock. Should one be,
+        // the caller writes its row at once instead.)
+        Ok(i) => {
+            let other = pg_sys::TransactionId::from(shard.slots[i].xid);
+            // SAFETY: reads the proc array (its own LWLock, never held while taking a shard's).
+            if unsafe { pg_sys::TransactionIdIsInProgress(other) } {
+                return false;
+            }
+            shard.slots[i].xid = xid.into_inner();
+        }
+        Err(free) => {
+            let cap = shard.slots.len() as u32;
+            if *shard.count() >= cap / 4 * 3 {
+                return false;
+            }
+            shard.slots[free] = Slot { hash, db, xid: xid.into_inner() };
+            *shard.count() += 1;
+        }
+    }
+    drop(shard);
+    // SAFETY: reads the current subtransaction's id from the backend's transaction state.
+    let sub = unsafe { pg_sys::GetCurrentSubTransactionId() };
+    MINE.with_borrow_mut(|(mine_xid, keys)| {
+        *mine_xid = xid;
+        keys.push((hash, sub));
+    });
+    true
+}
+
+/// Another running transaction that holds the key of lock hash `hash`. Called with the key's lock held,
+/// before the snapshot of the lookup: an entry gone by then belongs to a transaction whose end the snapshot
+/// sees.
+pub fn holder(hash: u64) -> Option<pg_sys::TransactionId> {
+    let db = database();
+    let xid = {
+        let shard = Shard::lock(hash, db, pg_sys::LWLockMode::LW_SHARED)?;
+        let i = shard.find(hash, db).ok()?;
+        pg_sys::TransactionId::from(shard.slots[i].xid)
+    };
+    // SAFETY: reads the backend's transaction state and the proc array.
+    let running = unsafe {
+        !pg_sys::TransactionIdIsCurrentTransactionId(xid) && pg_sys::TransactionIdIsInProgress(xid)
+    };
+    running.then_some(xid)
+}
+
+/// Drops this transaction's entries that `keep` refuses.
+fn release(keep: impl Fn(pg_sys::SubTransactionId) -> bool) {
+    MINE.with_borrow_mut(|(xid, keys)| {
+        let db = database();
+        keys.retain(|&(hash, sub)| {
+            if keep(sub) {
+                return true;
+            }
+            if let Some(mut shard) = Shard::lock(hash, db, pg_sys::LWLockMode::LW_EXCLUSIVE) {
+                if let Ok(i) = shard.find(hash, db) {
+                    if shard.slots[i].xid == xid.into_inner() {
+                        shard.remove(i);
+                    }
+                }
+            }
+            false
+        });
+    });
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn at_transaction_end(event: pg_sys::XactEvent::Type, _arg: *mut std::ffi::c_void) {
+    use pg_sys::XactEvent::*;
+    if matches!(event, XACT_EVENT_COMMIT | XACT_EVENT_ABORT | XACT_EVENT_PREPARE)
+        && MINE.with_borrow(|(_, keys)| !keys.is_empty())
+    {
+        release(|_| false);
+    }
+}
+
+#[pgrx::pg_guard]
+unsafe extern "C-unwind" fn at_subtransaction_end(
+    event: pg_sys::SubXactEvent::Type,
+    sub: pg_sys::SubTransactionId,
+    parent: pg_sys::SubTransactionId,
+    _arg: *mut std::ffi::c_void,
+) {
+    use pg_sys::SubXactEvent::*;
+    if MINE.with_borrow(|(_, keys)| keys.is_empty()) {
+        return;
+    }
+    match event {
+        // Its keys go with it, as its key locks do.
+        SUBXACT_EVENT_ABORT_SUB => release(|made_in| made_in != sub),
+        SUBXACT_EVENT_COMMIT_SUB => MINE.with_borrow_mut(|(_, keys)| {
+            for (_, made_in) in keys.iter_mut().filter(|(_, made_in)| *made_in == sub) {
+                *made_in = parent;
+            }
+        }),
+        _ => {}
+    }
+}
