@@ -107,11 +107,7 @@ pub fn complete_batch(scope: &str, keys: &[&str], payloads: Option<&Documents>, 
         // written once, completed, as `idem_complete` does for a single claim.
         if keys.iter().zip(tokens).all(|(key, token)| deferred::unwritten(Key { scope, key }, *token)) {
             let payloads = payloads.map(|p| p.elements());
-            for (i, key) in keys.iter().enumerate() {
-                let payload = payloads.as_ref().and_then(|p| p[i].as_ref());
-                let done = deferred::complete(call.conn(), Key { scope, key }, payload, tokens[i]);
-                assert!(done, "an unwritten claim is completed");
-            }
+            deferred::complete_all(call.conn(), scope, keys, payloads.as_deref());
             call.add(Counter::Completes, keys.len() as u64);
             return keys.len() as i64;
         }
@@ -203,8 +199,9 @@ pub fn once_batch(scope: &str, keys: &[&str]) -> Vec<String> {
             }
             if !new.is_empty() {
                 let (partition, created_at) = partitions::insert_target(call.conn(), xact::start_time());
+                let rows: Vec<_> = new.iter().map(|(key, _)| once_row(scope, key, created_at)).collect();
+                writer::insert_all(call.conn(), partition, &rows);
                 for (key, lock) in new {
-                    writer::insert(call.conn(), partition, &once_row(scope, key, created_at));
                     lock.written();
                     fresh.insert(key);
                 }

@@ -99,11 +99,27 @@ enum Fate<'a> {
 /// Writes the claim's row (see `writer`). Its serialization failures (an SSI conflict of the insert)
 /// are counted here when no call counts them: at COMMIT, or before a statement that reads the storage.
 fn insert(conn: &Conn, k: Key, c: &Deferred, fate: Fate) {
+    let row = row_of(k, c, fate);
+    crate::stats::count_serialization_failures(k.scope, || writer::insert(conn, c.partition, &row));
+}
+
+/// Writes the rows of several claims of `scope`, each with its fate, a partition's rows together.
+fn insert_all<'a>(conn: &Conn, scope: &str, claims: impl Iterator<Item = (Key<'a>, &'a Deferred, Fate<'a>)>) {
+    let mut by_partition: HashMap<pg_sys::Oid, Vec<Row>> = HashMap::new();
+    for (k, c, fate) in claims {
+        by_partition.entry(c.partition).or_default().push(row_of(k, c, fate));
+    }
+    for (partition, rows) in by_partition {
+        crate::stats::count_serialization_failures(scope, || writer::insert_all(conn, partition, &rows));
+    }
+}
+
+fn row_of<'a>(k: Key<'a>, c: &'a Deferred, fate: Fate) -> Row<'a> {
     let (status, payload, updated_at, expires_at) = match fate {
         Fate::Pending => ("pending", None, c.claimed_at, Some(c.expires_at)),
         Fate::Completed(payload) => ("completed", payload.map(|d| d.datum()), xact::clock(), None),
     };
-    let row = Row {
+    Row {
         scope: k.scope,
         key: k.key,
         status,
@@ -114,8 +130,7 @@ fn insert(conn: &Conn, k: Key, c: &Deferred, fate: Fate) {
         created_at: c.created_at,
         updated_at,
         expires_at,
-    };
-    crate::stats::count_serialization_failures(k.scope, || writer::insert(conn, c.partition, &row));
+    }
 }
 
 fn insert_pending(conn: &Conn, k: Key, c: &Deferred) {
@@ -146,9 +161,18 @@ pub fn write_all(conn: &Conn, scope: Option<&str>) {
     }
     let sub = subtransaction();
     CLAIMS.with_borrow_mut(|claims| {
-        for ((s, key), c) in claims.iter_mut() {
-            if c.written_in.is_none() && scope.is_none_or(|wanted| wanted == s) {
-                insert_pending(conn, Key { scope: s, key }, c);
+        let unwritten = |(s, _): &(String, String), c: &Deferred| {
+            c.written_in.is_none() && scope.is_none_or(|wanted| wanted == s)
+        };
+        let mut scopes: Vec<&str> = claims.iter().filter(|(id, c)| unwritten(id, c)).map(|((s, _), _)| s.as_str()).collect();
+        scopes.sort_unstable();
+        scopes.dedup();
+        for s in scopes {
+            let mine = claims.iter().filter(|(id, c)| unwritten(id, c) && id.0 == s);
+            insert_all(conn, s, mine.map(|((s, key), c)| (Key { scope: s, key }, c, Fate::Pending)));
+        }
+        for (id, c) in claims.iter_mut() {
+            if unwritten(id, c) {
                 c.written_in = Some(sub);
             }
         }
@@ -182,6 +206,24 @@ pub fn complete(conn: &Conn, k: Key, payload: Option<&Document>, token: Option<i
         c.written_in = Some(sub);
         true
     })
+}
+
+/// `idem_complete_batch` of keys whose claims this transaction remembers, each unwritten and held by its
+/// token (see [`unwritten`]): writes their rows, completed, a partition's rows together.
+pub fn complete_all(conn: &Conn, scope: &str, keys: &[&str], payloads: Option<&[Option<Document>]>) {
+    let sub = subtransaction();
+    CLAIMS.with_borrow_mut(|claims| {
+        let ids: Vec<(String, String)> = keys.iter().map(|key| id(Key { scope, key })).collect();
+        let rows = ids.iter().zip(keys).enumerate().map(|(i, (id, key))| {
+            let c = claims.get(id).expect("an unwritten claim");
+            let payload = payloads.and_then(|p| p[i].as_ref());
+            (Key { scope, key }, c, Fate::Completed(payload))
+        });
+        insert_all(conn, scope, rows);
+        for id in &ids {
+            claims.get_mut(id).expect("an unwritten claim").written_in = Some(sub);
+        }
+    });
 }
 
 /// Before the commit (or PREPARE TRANSACTION): the claims still unwritten become `pending` rows.

@@ -48,12 +48,28 @@ def write_three(c, prefix):
     c.execute("COMMIT")
 
 
+def write_batches(c, prefix):
+    """Rows written together (one multi-row heap insert per partition, then their index entries):
+    idem_once_batch, claim + complete batches in one transaction, and a claim batch committed pending."""
+    once = [f"{prefix}o{i}" for i in range(300)]
+    assert c.execute("SELECT count(*) FROM idem_once_batch(%s)", (once,)).fetchone()[0] == 300
+    done = [f"{prefix}c{i}" for i in range(300)]
+    c.execute("BEGIN")
+    c.execute("SELECT count(*) FROM idem_claim_batch(%s)", (done,))
+    assert c.execute("SELECT idem_complete_batch(%s)", (done,)).fetchone()[0] == 300
+    c.execute("COMMIT")
+    c.execute("BEGIN")
+    c.execute("SELECT count(*) FROM idem_claim_batch(%s)", ([f"{prefix}p{i}" for i in range(40)],))
+    c.execute("COMMIT")
+
+
 def test_every_index_of_the_partition_gets_the_new_rows(cluster, db, report):
     with cluster.connect(dbname=db) as c:
         part = current_partition(c)
         c.execute(f"CREATE INDEX direct_lower_key ON {part} (lower(key)) WHERE status = 'completed'")
         c.execute(f"CREATE INDEX direct_fingerprint ON {part} (fingerprint)")
         write_three(c, "K")
+        write_batches(c, "B")
         # amcheck: every heap tuple of the partition has its entry in every btree index.
         c.execute("CREATE EXTENSION amcheck")
         checked = c.execute("""
@@ -70,6 +86,11 @@ def test_every_index_of_the_partition_gets_the_new_rows(cluster, db, report):
             f"EXPLAIN SELECT key FROM {part} WHERE lower(key) = 'k1' AND status = 'completed'").fetchall())
         assert "direct_lower_key" in plan, plan
         assert c.execute(f"SELECT key FROM {part} WHERE fingerprint = 'fp-K'").fetchall() == [("K3",)]
+        # The batches' rows through the expression index (completed ones only) and the record's own.
+        assert c.execute(f"SELECT count(*) FROM {part} WHERE lower(key) LIKE 'b%%' AND lower(key) >= 'b' "
+                         "AND lower(key) < 'c' AND status = 'completed'").fetchone()[0] == 600
+        assert c.execute("SELECT count(*) FROM idem_claim_batch(%s) WHERE outcome = 'in_progress'",
+                         ([f"Bp{i}" for i in range(40)],)).fetchone()[0] == 40
         report(f"{checked} indexes of {part} verified with bt_index_check(heapallindexed)")
 
 

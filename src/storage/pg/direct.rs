@@ -100,20 +100,72 @@ unsafe fn layout(rel: pg_sys::Relation) -> Layout {
 /// partition needs the executor's INSERT (see the module's comment). The caller holds the key's
 /// lock and has locked the partition (RowExclusiveLock), whose range holds `row.created_at`.
 pub fn insert(partition: pg_sys::Oid, row: &Row) -> bool {
-    // SAFETY: the partition is locked by the caller, so it stays as opened; the slot, executor state
-    // and result relation are made here for this insert and released before returning (an ERROR in
+    insert_all(partition, std::slice::from_ref(row))
+}
+
+/// [`insert`] of several rows: one heap write for all of them, as COPY makes (a WAL record per page
+/// rather than per row), then their index entries; the partition and its indexes are opened once.
+/// False (nothing done) when the partition needs the executor's INSERT or a row lies outside its range.
+pub fn insert_all(partition: pg_sys::Oid, rows: &[Row]) -> bool {
+    if rows.is_empty() {
+        return true;
+    }
+    // SAFETY: the partition is locked by the caller, so it stays as opened; the slots, executor state
+    // and result relation are made here for these rows and released before returning (an ERROR in
     // between leaves them to the (sub)transaction's memory and resource cleanup); every datum stored
-    // in the slot is of its column's type and lives in the current memory context until then.
+    // in a slot is of its column's type and lives in the current memory context until then.
     unsafe {
         let rel = pg_sys::table_open(partition, pg_sys::RowExclusiveLock as i32);
         let Some((columns, (from, to))) = layout(rel) else {
             pg_sys::table_close(rel, pg_sys::NoLock as i32);
             return false;
         };
-        if !(from <= row.created_at && row.created_at < to) {
+        if rows.iter().any(|row| !(from <= row.created_at && row.created_at < to)) {
             pg_sys::table_close(rel, pg_sys::NoLock as i32);
             return false;
         }
+        let mut slots: Vec<*mut pg_sys::TupleTableSlot> = rows.iter().map(|row| filled_slot(rel, &columns, row)).collect();
+        let estate = pg_sys::CreateExecutorState();
+        let result = pg_sys::palloc0(std::mem::size_of::<pg_sys::ResultRelInfo>()) as *mut pg_sys::ResultRelInfo;
+        pg_sys::InitResultRelInfo(result, rel, 1, std::ptr::null_mut(), 0);
+        pg_sys::ExecOpenIndices(result, false);
+        match slots.as_mut_slice() {
+            [one] => pg_sys::simple_table_tuple_insert(rel, *one),
+            many => {
+                // `table_multi_insert`, an inline function of tableam.h: the table access method's own.
+                let multi_insert = (*(*rel).rd_tableam).multi_insert.expect("a table access method inserts");
+                let cid = pg_sys::GetCurrentCommandId(true);
+                multi_insert(rel, many.as_mut_ptr(), many.len() as i32, cid, 0, std::ptr::null_mut());
+            }
+        }
+        for &slot in &slots {
+            if (*result).ri_NumIndices > 0 {
+                super::compat::insert_index_tuples(result, slot, estate);
+                // What evaluating index predicates and expressions left, as the executor frees it per row.
+                let econtext = (*estate).es_per_tuple_exprcontext;
+                if !econtext.is_null() {
+                    pg_sys::MemoryContextReset((*econtext).ecxt_per_tuple_memory);
+                }
+            }
+            pg_sys::ExecDropSingleTupleTableSlot(slot);
+        }
+        pg_sys::ExecCloseIndices(result);
+        pg_sys::FreeExecutorState(estate);
+        pg_sys::table_close(rel, pg_sys::NoLock as i32);
+        // As after an SPI INSERT: later commands of this transaction see the rows.
+        pg_sys::CommandCounterIncrement();
+    }
+    true
+}
+
+/// A slot of `rel` holding `row`, its columns where `columns` says.
+///
+/// # Safety
+/// `rel` is open; `columns` is its layout.
+unsafe fn filled_slot(rel: pg_sys::Relation, columns: &[usize; 10], row: &Row) -> *mut pg_sys::TupleTableSlot {
+    // SAFETY: the caller's contract; the slot's arrays have `natts` entries, and every datum is of its
+    // column's type.
+    unsafe {
         let slot = pg_sys::table_slot_create(rel, std::ptr::null_mut());
         pg_sys::ExecClearTuple(slot);
         let natts = (*(*slot).tts_tupleDescriptor).natts as usize;
@@ -139,21 +191,6 @@ pub fn insert(partition: pg_sys::Oid, row: &Row) -> bool {
             }
         }
         pg_sys::ExecStoreVirtualTuple(slot);
-
-        let estate = pg_sys::CreateExecutorState();
-        let result = pg_sys::palloc0(std::mem::size_of::<pg_sys::ResultRelInfo>()) as *mut pg_sys::ResultRelInfo;
-        pg_sys::InitResultRelInfo(result, rel, 1, std::ptr::null_mut(), 0);
-        pg_sys::ExecOpenIndices(result, false);
-        pg_sys::simple_table_tuple_insert(rel, slot);
-        if (*result).ri_NumIndices > 0 {
-            super::compat::insert_index_tuples(result, slot, estate);
-        }
-        pg_sys::ExecCloseIndices(result);
-        pg_sys::FreeExecutorState(estate);
-        pg_sys::ExecDropSingleTupleTableSlot(slot);
-        pg_sys::table_close(rel, pg_sys::NoLock as i32);
-        // As after an SPI INSERT: later commands of this transaction see the row.
-        pg_sys::CommandCounterIncrement();
+        slot
     }
-    true
 }

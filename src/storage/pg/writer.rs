@@ -28,9 +28,22 @@ static INSERT_ROW: Stmt = Stmt {
 /// Writes `row` into `partition` (or into the record table itself, which routes it). The caller holds
 /// the key's lock and has locked the partition for the insert (`partitions::insert_target`).
 pub fn insert(conn: &Conn, partition: pg_sys::Oid, row: &Row) {
-    if direct::insert(partition, row) {
-        return;
+    if !direct::insert(partition, row) {
+        insert_by_statement(conn, partition, row);
     }
+}
+
+/// [`insert`] of several rows of distinct keys into one partition: written together when the partition
+/// allows direct inserts, else one statement each.
+pub fn insert_all(conn: &Conn, partition: pg_sys::Oid, rows: &[Row]) {
+    if !direct::insert_all(partition, rows) {
+        for row in rows {
+            insert_by_statement(conn, partition, row);
+        }
+    }
+}
+
+fn insert_by_statement(conn: &Conn, partition: pg_sys::Oid, row: &Row) {
     let args = [
         arg(row.scope),
         arg(row.key),
