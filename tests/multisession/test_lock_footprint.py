@@ -23,9 +23,9 @@ import pgtools
 
 PORT = pgtools.port("lockfootprint")
 DB = "idem_locks"
-# The table of held keys at its default size; off; and so small (768 keys) that it fills up, and the keys past
-# it are kept by their rows while the others are held.
-MODES = {"held": [], "rows": ["idempotency.held_keys = 0"], "full": ["idempotency.held_keys = 1"]}
+# The table of held keys at its default size; off; and so small (256 keys, 4 in each of its 64 shards) that it
+# fills up, and the keys past it are kept by their rows while the others are held.
+MODES = {"held": [], "rows": ["idempotency.held_keys = 0"], "full": ["idempotency.held_keys = 256"]}
 SERVER = pgtools.Cluster(PORT, [], max_connections=100)
 CONSUMERS = 32
 BATCH = 1000

@@ -33,10 +33,11 @@ struct Slot {
 }
 
 /// The table in shared memory: `SHARDS` counts, then `SHARDS` runs of `cap` slots (an open-addressed
-/// table per shard, linear probing, kept at most three quarters full).
+/// table per shard, linear probing), each holding at most `limit` keys (three quarters of `cap`).
 #[repr(C)]
 struct Header {
     cap: u32,
+    limit: u32,
     counts: [u32; SHARDS],
 }
 
@@ -51,9 +52,14 @@ thread_local! {
         const { RefCell::new((pg_sys::InvalidTransactionId, Vec::new())) };
 }
 
-/// Slots per shard for `keys` held keys: a power of two, at least 16, with a quarter left free.
+/// The keys a shard holds at most, for `keys` in all (`idempotency.held_keys`).
+fn shard_limit(keys: usize) -> usize {
+    keys.div_ceil(SHARDS)
+}
+
+/// Slots per shard: a quarter more than it holds, so that searches stay short.
 fn shard_capacity(keys: usize) -> usize {
-    (keys.div_ceil(SHARDS) * 4).div_ceil(3).next_power_of_two().max(16)
+    (shard_limit(keys) * 4).div_ceil(3) + 1
 }
 
 fn region_size(keys: usize) -> usize {
@@ -101,6 +107,7 @@ unsafe extern "C-unwind" fn set_up_memory() {
         // All zeroes: no key held.
         std::ptr::write_bytes(region as *mut u8, 0, size);
         (*region).cap = shard_capacity(keys) as u32;
+        (*region).limit = shard_limit(keys) as u32;
     }
     LOCKS = pg_sys::GetNamedLWLockTranche(TRANCHE.as_ptr());
     REGION = region;
@@ -110,14 +117,14 @@ unsafe extern "C-unwind" fn set_up_memory() {
 /// One shard, locked while this lives.
 struct Shard {
     index: usize,
-    slots: &'static mut [Slot],
+    table: Slots<'static>,
 }
 
 impl Shard {
     /// The shard of `hash`, locked; None without the table.
     fn lock(hash: u64, db: u32, mode: pg_sys::LWLockMode::Type) -> Option<Shard> {
         // SAFETY: REGION and LOCKS are set once at startup (inherited by every backend) and never freed;
-        // the shard's LWLock guards its slots and count.
+        // the shard's LWLock guards its slots and count, which only this value uses while it lives.
         unsafe {
             let region = REGION;
             if region.is_null() {
@@ -127,22 +134,45 @@ impl Shard {
             pg_sys::LWLockAcquire(&raw mut (*LOCKS.add(index)).lock, mode);
             let cap = (*region).cap as usize;
             let first = (region.add(1) as *mut Slot).add(index * cap);
-            Some(Shard { index, slots: std::slice::from_raw_parts_mut(first, cap) })
+            let table = Slots {
+                slots: std::slice::from_raw_parts_mut(first, cap),
+                count: &mut (*region).counts[index],
+                limit: (*region).limit,
+            };
+            Some(Shard { index, table })
         }
     }
+}
 
-    fn count(&mut self) -> &mut u32 {
-        // SAFETY: the count of this shard, guarded by its lock, held exclusively by writers.
-        unsafe { &mut (*REGION).counts[self.index] }
+impl Drop for Shard {
+    fn drop(&mut self) {
+        // SAFETY: releases the lock `Shard::lock` took.
+        unsafe { pg_sys::LWLockRelease(&raw mut (*LOCKS.add(self.index)).lock) };
+    }
+}
+
+/// A shard's open-addressed table (linear probing; a free slot ends every search).
+struct Slots<'a> {
+    slots: &'a mut [Slot],
+    count: &'a mut u32,
+    limit: u32,
+}
+
+impl Slots<'_> {
+    fn home(&self, hash: u64, db: u32) -> usize {
+        ((mix(hash, db) / SHARDS as u64) % self.slots.len() as u64) as usize
     }
 
-    fn home(&self, hash: u64, db: u32) -> usize {
-        ((mix(hash, db) / SHARDS as u64) as usize) & (self.slots.len() - 1)
+    fn next(&self, i: usize) -> usize {
+        if i + 1 == self.slots.len() {
+            0
+        } else {
+            i + 1
+        }
     }
 
     /// The slot of `(hash, db)`, or the free slot where the search for it ended.
     fn find(&self, hash: u64, db: u32) -> Result<usize, usize> {
-        let mask = self.slots.len() - 1;
         let mut i = self.home(hash, db);
         loop {
             let slot = self.slots[i];
@@ -152,16 +182,25 @@ impl Shard {
             if slot.hash == hash && slot.db == db {
                 return Ok(i);
             }
-            i = (i + 1) & mask;
+            i = self.next(i);
         }
+    }
+
+    /// Puts a new key into free slot `at` (where [`Slots::find`] ended); false when the shard is full.
+    fn insert(&mut self, at: usize, slot: Slot) -> bool {
+        if *self.count >= self.limit {
+            return false;
+        }
+        self.slots[at] = slot;
+        *self.count += 1;
+        true
     }
 
     /// Frees slot `i` and moves later slots of its run back, so that every search still finds them.
     fn remove(&mut self, mut i: usize) {
-        let mask = self.slots.len() - 1;
         let mut j = i;
         loop {
-            j = (j + 1) & mask;
+            j = self.next(j);
             let slot = self.slots[j];
             if slot.xid == 0 {
                 break;
@@ -175,14 +214,7 @@ impl Shard {
             }
         }
         self.slots[i] = Slot::default();
-        *self.count() -= 1;
-    }
-}
-
-impl Drop for Shard {
-    fn drop(&mut self) {
-        // SAFETY: releases the lock `Shard::lock` took.
-        unsafe { pg_sys::LWLockRelease(&raw mut (*LOCKS.add(self.index)).lock) };
+        *self.count -= 1;
     }
 }
 
@@ -206,26 +238,24 @@ pub fn hold(hash: u64) -> bool {
     let Some(mut shard) = Shard::lock(hash, db, pg_sys::LWLockMode::LW_EXCLUSIVE) else {
         return false;
     };
-    match shard.find(hash, db) {
-        Ok(i) if shard.slots[i].xid == xid.into_inner() => return true,
+    let table = &mut shard.table;
+    match table.find(hash, db) {
+        Ok(i) if table.slots[i].xid == xid.into_inner() => return true,
         // Left by a transaction that has ended (its end callback is yet to run): ours now. (A running
         // holder cannot be here: the caller looked for one after taking the key's lock. Should one be,
         // the caller writes its row at once instead.)
         Ok(i) => {
-            let other = pg_sys::TransactionId::from(shard.slots[i].xid);
+            let other = pg_sys::TransactionId::from(table.slots[i].xid);
             // SAFETY: reads the proc array (its own LWLock, never held while taking a shard's).
             if unsafe { pg_sys::TransactionIdIsInProgress(other) } {
                 return false;
             }
-            shard.slots[i].xid = xid.into_inner();
+            table.slots[i].xid = xid.into_inner();
         }
         Err(free) => {
-            let cap = shard.slots.len() as u32;
-            if *shard.count() >= cap / 4 * 3 {
+            if !table.insert(free, Slot { hash, db, xid: xid.into_inner() }) {
                 return false;
             }
-            shard.slots[free] = Slot { hash, db, xid: xid.into_inner() };
-            *shard.count() += 1;
         }
     }
     drop(shard);
@@ -245,8 +275,8 @@ pub fn holder(hash: u64) -> Option<pg_sys::TransactionId> {
     let db = database();
     let xid = {
         let shard = Shard::lock(hash, db, pg_sys::LWLockMode::LW_SHARED)?;
-        let i = shard.find(hash, db).ok()?;
-        pg_sys::TransactionId::from(shard.slots[i].xid)
+        let i = shard.table.find(hash, db).ok()?;
+        pg_sys::TransactionId::from(shard.table.slots[i].xid)
     };
     // SAFETY: reads the backend's transaction state and the proc array.
     let running = unsafe {
@@ -264,9 +294,9 @@ fn release(keep: impl Fn(pg_sys::SubTransactionId) -> bool) {
                 return true;
             }
             if let Some(mut shard) = Shard::lock(hash, db, pg_sys::LWLockMode::LW_EXCLUSIVE) {
-                if let Ok(i) = shard.find(hash, db) {
-                    if shard.slots[i].xid == xid.into_inner() {
-                        shard.remove(i);
+                if let Ok(i) = shard.table.find(hash, db) {
+                    if shard.table.slots[i].xid == xid.into_inner() {
+                        shard.table.remove(i);
                     }
                 }
             }
@@ -305,5 +335,46 @@ unsafe extern "C-unwind" fn at_subtransaction_end(
             }
         }),
         _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Slot, Slots};
+
+    /// Random inserts and removes against a map: every key present is found, every key removed is not,
+    /// whatever runs and wrap-arounds the removals shift back, and the limit holds.
+    #[test]
+    fn the_table_finds_what_it_holds_after_any_removals() {
+        let mut slots = vec![Slot::default(); 13];
+        let mut count = 0;
+        let mut table = Slots { slots: &mut slots, count: &mut count, limit: 9 };
+        let mut held = std::collections::HashMap::new();
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        for step in 0..20_000u32 {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            // Few distinct keys, so that runs collide, wrap around the end and shift back often.
+            let (hash, db) = (seed % 24, (seed >> 40) as u32 % 2);
+            match table.find(hash, db) {
+                Ok(i) => {
+                    assert_eq!(held.remove(&(hash, db)), Some(table.slots[i].xid), "step {step}");
+                    table.remove(i);
+                }
+                Err(free) => {
+                    let fits = held.len() < 9;
+                    assert_eq!(table.insert(free, Slot { hash, db, xid: step + 1 }), fits, "step {step}");
+                    if fits {
+                        held.insert((hash, db), step + 1);
+                    }
+                }
+            }
+            assert_eq!(*table.count as usize, held.len());
+            for (&(h, d), &xid) in &held {
+                let i = table.find(h, d).expect("a held key is found");
+                assert_eq!(table.slots[i].xid, xid);
+            }
+        }
     }
 }

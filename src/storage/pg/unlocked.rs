@@ -3,16 +3,17 @@
 //! A transaction keeps each key's lock until it ends only up to a budget (`keylock::budget`): past it (a
 //! batch of 1,000 keys, a long loop of claims in one transaction) the locks would fill the shared lock
 //! table, and then every session of the cluster fails with "out of shared memory". Past the budget a
-//! transaction writes each key's row at once and gives the key's lock back at the end of the call; from
-//! then on its uncommitted row keeps other writers of the key out, because a locked lookup waits for a
-//! transaction with an unfinished write of the key (see `probe::Prober::find_settled`).
+//! transaction holds its keys in the extension's own table (`holds`); when that table is full (or off, or
+//! the library not preloaded), it writes each key's row at once and gives the key's lock back at the end
+//! of the call, and from then on its uncommitted row keeps other writers of the key out, because a locked
+//! lookup waits for a transaction with an unfinished write of the key (see `probe::Prober::find_settled`).
 //!
 //! Looking for unfinished writes costs a second index probe when a key is not found, so lookups look only
 //! while some transaction is in that mode: a counter in shared memory, raised before the transaction gives
-//! its first lock back and lowered once it has ended (PostgreSQL runs the end-of-transaction callbacks after
-//! the commit or abort is visible to everyone). Without the counter (the library not preloaded) lookups
-//! always look, and so they do when prepared transactions are allowed (a prepared transaction's rows outlive
-//! the backend that counted it).
+//! its first such lock back and lowered once it has ended (PostgreSQL runs the end-of-transaction callbacks
+//! after the commit or abort is visible to everyone). Without the counter (the library not preloaded)
+//! lookups always look, and so they do when prepared transactions are allowed (a prepared transaction's
+//! rows outlive the backend that counted it).
 use pgrx::{pg_guard, pg_shmem_init, pg_sys, PgAtomic};
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
