@@ -39,9 +39,14 @@ def connect(**kw):
 
 
 @pytest.fixture(scope="module", params=sorted(MODES))
-def db(request):
+def mode(request):
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def db(mode):
     SERVER.conf = ["shared_preload_libraries = 'idempotency'", "idempotency.database = 'postgres'",
-                   *MODES[request.param]]
+                   *MODES[mode]]
     SERVER.init()
     try:
         SERVER.start()
@@ -64,7 +69,12 @@ def test_defaults_are_the_issues(db):
                         "max_prepared_transactions": "0", "idempotency.key_locks_per_transaction": "-1"}
 
 
-def _hold_batch(worker, holding, release, errors, kind):
+# Rows this transaction inserted into the record's partitions so far.
+WRITTEN = ("SELECT coalesce(sum(n_tup_ins), 0)::int FROM pg_stat_xact_user_tables "
+           "WHERE schemaname = 'idempotency' AND relname LIKE 'records_p%'")
+
+
+def _hold_batch(worker, holding, release, errors, kind, written):
     keys = [f"w{worker}-{i}" for i in range(BATCH)]
     try:
         with connect() as s:
@@ -72,6 +82,8 @@ def _hold_batch(worker, holding, release, errors, kind):
             if kind == "claim":
                 rows = s.execute("SELECT outcome FROM idem_claim_batch(%s)", (keys,)).fetchall()
                 assert [r[0] for r in rows] == ["claimed"] * BATCH
+                # Held keys stay unwritten until completed; keys kept by their rows are written at once.
+                written.append(s.execute(WRITTEN).fetchone()[0])
             else:
                 assert len(s.execute("SELECT idem_once_batch(%s)", (keys,)).fetchall()) == BATCH
             holding.wait()
@@ -85,10 +97,11 @@ def _hold_batch(worker, holding, release, errors, kind):
         release.abort()
 
 
-def test_32_consumers_hold_1000_key_batches(db, report):
+def test_32_consumers_hold_1000_key_batches(db, mode, report):
     holding, release = threading.Barrier(CONSUMERS + 1), threading.Barrier(CONSUMERS + 1)
-    errors = []
-    threads = [threading.Thread(target=_hold_batch, args=(w, holding, release, errors, ("claim", "once")[w % 2]))
+    errors, written = [], []
+    threads = [threading.Thread(target=_hold_batch,
+                                args=(w, holding, release, errors, ("claim", "once")[w % 2], written))
                for w in range(CONSUMERS)]
     for t in threads:
         t.start()
@@ -108,11 +121,36 @@ def test_32_consumers_hold_1000_key_batches(db, report):
         t.join()
     assert not errors, errors[:5]
     most = max((n for _, n in held), default=0)
+    claimed = CONSUMERS // 2 * BATCH
     report(f"{CONSUMERS} open batches of {BATCH} keys: at most {most} key locks in one backend "
-           f"(budget {budget}), {total} rows in pg_locks in all")
+           f"(budget {budget}), {total} rows in pg_locks in all; {sum(written)} of the {claimed} claimed keys "
+           f"written before their completion (held_keys: {mode})")
+    # Past the budget: every claim held and written once (held), every one written at once (rows), or all but
+    # the few the table holds (full: 256 keys for the 32,000 keys of both kinds of batches).
+    want = {"held": lambda n: n == 0, "rows": lambda n: n == claimed, "full": lambda n: n >= claimed - 256}[mode]
+    assert want(sum(written)), (mode, sum(written))
     assert most <= budget
     done = db.execute("SELECT count(*) FROM idempotency.records WHERE status = 'completed' AND key LIKE 'w%'").fetchone()[0]
     assert done == CONSUMERS * BATCH
+
+
+def test_a_batch_holds_what_the_table_has_room_for_and_writes_the_rest(db, mode, report):
+    """One batch of 400 new keys with no other transaction open (so the table is empty): with room for all,
+    none is written before it completes; without the table, all are; with room for 256 (4 in each shard),
+    some are held and the rest written. Another session is kept out of every one of them, held or written."""
+    keys = [f"f{i}" for i in range(400)]
+    with connect() as c, connect() as other:
+        c.execute("BEGIN")
+        assert [r[0] for r in c.execute("SELECT outcome FROM idem_claim_batch(%s)", (keys,))] == ["claimed"] * 400
+        written = c.execute(WRITTEN).fetchone()[0]
+        busy = other.execute("SELECT count(*) FROM unnest(%s::text[]) k, LATERAL idem_claim(k, wait => false) c "
+                             "WHERE c.outcome = 'in_progress'", (keys,)).fetchone()[0]
+        assert c.execute("SELECT idem_complete_batch(%s)", (keys,)).fetchone()[0] == 400
+        c.execute("COMMIT")
+    report(f"held_keys {mode}: {written} of 400 keys written at the claim, {400 - written} held; "
+           f"{busy} of 400 in_progress for another session")
+    assert busy == 400
+    assert {"held": written == 0, "rows": written == 400, "full": 0 < written < 400}[mode], (mode, written)
 
 
 def test_reclaim_keeps_a_bounded_number_of_locks(db):
