@@ -48,10 +48,11 @@ CREATE TABLE idempotency.records (
 ) PARTITION BY RANGE (created_at);
 
 
--- The indexes every partition of the record table carries: (scope, key) for lookups, and expires_at for the
--- reclaim sweep of maintenance and idempotency.in_flight, of the rows with a lease only (a settled record,
--- completed or failed, has expires_at NULL and no entry: nothing looks it up by expires_at, and idem_once and
--- completions skip an index insertion). Named after the partition, as PostgreSQL would name them. Called for
+-- The indexes every partition of the record table carries: (key, scope) for lookups (the key first: a
+-- descent then compares one column, where scope, the same for most keys, cost a second comparison at every
+-- step), and expires_at for the reclaim sweep of maintenance and idempotency.in_flight, of the rows with a
+-- lease only (a settled record, completed or failed, has expires_at NULL and no entry: nothing looks it up
+-- by expires_at, and idem_once and completions skip an index insertion). Named after the partition, as PostgreSQL would name them. Called for
 -- each partition the extension creates, for pg_partman's template table at the handover, and by a DBA for a
 -- partition attached by hand.
 CREATE FUNCTION idempotency.index_partition(part regclass) RETURNS void
@@ -63,13 +64,13 @@ BEGIN
     SELECT c.relname, n.nspname INTO rel, nsp
       FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
      WHERE c.oid = part;
-    EXECUTE format('CREATE INDEX IF NOT EXISTS %I ON %I.%I (scope, key)', rel || '_scope_key_idx', nsp, rel);
+    EXECUTE format('CREATE INDEX IF NOT EXISTS %I ON %I.%I (key, scope)', rel || '_key_scope_idx', nsp, rel);
     EXECUTE format('CREATE INDEX IF NOT EXISTS %I ON %I.%I (expires_at) WHERE expires_at IS NOT NULL',
                    rel || '_expires_at_idx', nsp, rel);
 END
 $$;
 COMMENT ON FUNCTION idempotency.index_partition(regclass) IS
-'Creates the (scope, key) index and the (expires_at) index of leased rows that a partition of idempotency.records needs, unless they exist. For partitions attached by hand.';
+'Creates the (key, scope) index and the (expires_at) index of leased rows that a partition of idempotency.records needs, unless they exist. For partitions attached by hand.';
 
 COMMENT ON SCHEMA idempotency IS 'Storage of the idempotency extension; use the idem_* functions, not these tables.';
 COMMENT ON TABLE idempotency.records IS 'Idempotency records, one per (scope, key), range-partitioned by created_at.';

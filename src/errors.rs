@@ -42,12 +42,12 @@ pub fn read_only(function: &str) -> ! {
     )
 }
 
-/// 55000: a partition of the record table without the `(scope, key)` index lookups need
+/// 55000: a partition of the record table without the `(key, scope)` index lookups need
 /// (one a DBA attached by hand, say).
 pub fn partition_not_indexed(partition: &str) -> ! {
     raise(
         Code::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
-        format!("idempotency: partition {partition} of idempotency.records has no btree index on (scope, key)"),
+        format!("idempotency: partition {partition} of idempotency.records has no btree index on (key, scope)"),
         Some(&format!("SELECT idempotency.index_partition('idempotency.{partition}'); creates the indexes every partition needs.")),
     )
 }

@@ -59,10 +59,11 @@ CREATE TABLE idempotency.records (
 ) PARTITION BY RANGE (created_at);
 
 
--- The indexes every partition of the record table carries: (scope, key) for lookups, and expires_at for the
--- reclaim sweep of maintenance and idempotency.in_flight, of the rows with a lease only (a settled record,
--- completed or failed, has expires_at NULL and no entry: nothing looks it up by expires_at, and idem_once and
--- completions skip an index insertion). Named after the partition, as PostgreSQL would name them. Called for
+-- The indexes every partition of the record table carries: (key, scope) for lookups (the key first: a
+-- descent then compares one column, where scope, the same for most keys, cost a second comparison at every
+-- step), and expires_at for the reclaim sweep of maintenance and idempotency.in_flight, of the rows with a
+-- lease only (a settled record, completed or failed, has expires_at NULL and no entry: nothing looks it up
+-- by expires_at, and idem_once and completions skip an index insertion). Named after the partition, as PostgreSQL would name them. Called for
 -- each partition the extension creates, for pg_partman's template table at the handover, and by a DBA for a
 -- partition attached by hand.
 CREATE FUNCTION idempotency.index_partition(part regclass) RETURNS void
@@ -74,13 +75,13 @@ BEGIN
     SELECT c.relname, n.nspname INTO rel, nsp
       FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
      WHERE c.oid = part;
-    EXECUTE format('CREATE INDEX IF NOT EXISTS %I ON %I.%I (scope, key)', rel || '_scope_key_idx', nsp, rel);
+    EXECUTE format('CREATE INDEX IF NOT EXISTS %I ON %I.%I (key, scope)', rel || '_key_scope_idx', nsp, rel);
     EXECUTE format('CREATE INDEX IF NOT EXISTS %I ON %I.%I (expires_at) WHERE expires_at IS NOT NULL',
                    rel || '_expires_at_idx', nsp, rel);
 END
 $$;
 COMMENT ON FUNCTION idempotency.index_partition(regclass) IS
-'Creates the (scope, key) index and the (expires_at) index of leased rows that a partition of idempotency.records needs, unless they exist. For partitions attached by hand.';
+'Creates the (key, scope) index and the (expires_at) index of leased rows that a partition of idempotency.records needs, unless they exist. For partitions attached by hand.';
 
 COMMENT ON SCHEMA idempotency IS 'Storage of the idempotency extension; use the idem_* functions, not these tables.';
 COMMENT ON TABLE idempotency.records IS 'Idempotency records, one per (scope, key), range-partitioned by created_at.';
@@ -684,25 +685,25 @@ CREATE SCHEMA IF NOT EXISTS idempotency; /* idempotency::api::partitions::idempo
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/api/partitions.rs:43
--- idempotency::api::partitions::idempotency::seal_partition
-CREATE  FUNCTION idempotency."seal_partition"(
-	"part" oid /* Option < pg_sys :: Oid > */
-) RETURNS bool /* bool */
+-- src/api/partitions.rs:25
+-- idempotency::api::partitions::idempotency::premake_partitions
+CREATE  FUNCTION idempotency."premake_partitions"(
+	"as_of" timestamp with time zone DEFAULT now() /* Option < TimestampWithTimeZone > */
+) RETURNS INT /* i32 */
 VOLATILE PARALLEL UNSAFE
 SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'seal_partition_wrapper';
+AS 'MODULE_PATHNAME', 'premake_partitions_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/api/partitions.rs:33
+-- src/api/partitions.rs:15
 -- requires:
---   seal_partition
+--   premake_partitions
 
 
-COMMENT ON FUNCTION idempotency.seal_partition(oid) IS
-'Seals a partition of idempotency.records (an oid: pass ''idempotency.records_p...''::regclass) now and builds its membership filter (maintenance seals past partitions by itself). Waits for the partition''s writers within lock_timeout. Sealing the partition of the present moves new keys to the next one. False if it was sealed already.';
+COMMENT ON FUNCTION idempotency.premake_partitions(timestamptz) IS
+'Creates the missing partitions of idempotency.records from as_of to idempotency.premake intervals ahead; returns how many.';
 /* </end connected objects> */
 
 /* <begin connected objects> */
@@ -717,6 +718,17 @@ CREATE  FUNCTION idempotency."partition_range"(
 IMMUTABLE STRICT PARALLEL SAFE
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'partition_range_wrapper';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/partitions.rs:51
+-- requires:
+--   partition_range
+
+
+GRANT EXECUTE ON FUNCTION idempotency.partition_range(text) TO idempotency_admin, pg_monitor;
+COMMENT ON FUNCTION idempotency.partition_range(text) IS
+'The range [range_from, range_to) of a partition bound (pg_class.relpartbound as text), read from its node tree (no row for a default partition); what idempotency.partitions shows, unmoved by DateStyle or TimeZone.';
 /* </end connected objects> */
 
 /* <begin connected objects> */
@@ -756,41 +768,158 @@ COMMENT ON VIEW idempotency.partitions IS 'Partitions of idempotency.records: ra
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/api/partitions.rs:51
--- requires:
---   partition_range
-
-
-GRANT EXECUTE ON FUNCTION idempotency.partition_range(text) TO idempotency_admin, pg_monitor;
-COMMENT ON FUNCTION idempotency.partition_range(text) IS
-'The range [range_from, range_to) of a partition bound (pg_class.relpartbound as text), read from its node tree (no row for a default partition); what idempotency.partitions shows, unmoved by DateStyle or TimeZone.';
-/* </end connected objects> */
-
-/* <begin connected objects> */
--- src/api/partitions.rs:25
--- idempotency::api::partitions::idempotency::premake_partitions
-CREATE  FUNCTION idempotency."premake_partitions"(
-	"as_of" timestamp with time zone DEFAULT now() /* Option < TimestampWithTimeZone > */
-) RETURNS INT /* i32 */
+-- src/api/partitions.rs:43
+-- idempotency::api::partitions::idempotency::seal_partition
+CREATE  FUNCTION idempotency."seal_partition"(
+	"part" oid /* Option < pg_sys :: Oid > */
+) RETURNS bool /* bool */
 VOLATILE PARALLEL UNSAFE
 SET search_path TO pg_catalog, pg_temp
 LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'premake_partitions_wrapper';
+AS 'MODULE_PATHNAME', 'seal_partition_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/api/partitions.rs:15
+-- src/api/partitions.rs:33
 -- requires:
---   premake_partitions
+--   seal_partition
 
 
-COMMENT ON FUNCTION idempotency.premake_partitions(timestamptz) IS
-'Creates the missing partitions of idempotency.records from as_of to idempotency.premake intervals ahead; returns how many.';
+COMMENT ON FUNCTION idempotency.seal_partition(oid) IS
+'Seals a partition of idempotency.records (an oid: pass ''idempotency.records_p...''::regclass) now and builds its membership filter (maintenance seals past partitions by itself). Waits for the partition''s writers within lock_timeout. Sealing the partition of the present moves new keys to the next one. False if it was sealed already.';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/grants.rs:20
+CREATE SCHEMA IF NOT EXISTS idempotency; /* idempotency::api::grants::idempotency */
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/grants.rs:35
+-- idempotency::api::grants::idempotency::scope_grants_changed
+CREATE FUNCTION idempotency."scope_grants_changed"()
+	RETURNS TRIGGER
+	LANGUAGE c
+	AS 'MODULE_PATHNAME', 'scope_grants_changed_wrapper';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/grants.rs:7
+-- requires:
+--   bootstrap
+--   idempotency::scope_grants_changed
+
+-- Scope and consumer-group grants (see src/storage/grants.rs and docs/security.md). Off until the first
+-- grant of a kind: without grants every member of idempotency_consumer is trusted with every scope and
+-- group. role is a regrole, so that pg_dump writes it as the role's name; pattern is a scope or group name,
+-- or a prefix followed by '*'.
+CREATE TABLE idempotency.scope_grants (
+    role       regrole NOT NULL,
+    kind       text NOT NULL CHECK (kind IN ('scope', 'group')),
+    pattern    text COLLATE "C" NOT NULL CHECK (pattern <> ''),
+    granted_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    PRIMARY KEY (role, kind, pattern)
+);
+GRANT SELECT ON idempotency.scope_grants TO idempotency_admin;
+COMMENT ON TABLE idempotency.scope_grants IS
+'Which roles may call with which scopes and consumer groups (idem_grant_scope, idem_grant_group). Enforced once a kind has a grant, or always with idempotency.require_scope_grants.';
+-- Every change, by the functions below or by hand, tells every backend to read the grants again.
+CREATE TRIGGER scope_grants_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON idempotency.scope_grants
+    FOR EACH STATEMENT EXECUTE FUNCTION idempotency.scope_grants_changed();
+SELECT pg_catalog.pg_extension_config_dump('idempotency.scope_grants', '');
+
+CREATE FUNCTION idempotency.grant_pattern(grantee regrole, kind text, pattern text, revoke boolean)
+RETURNS boolean LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    done boolean;
+BEGIN
+    IF grantee IS NULL OR pattern IS NULL THEN
+        RAISE EXCEPTION 'idempotency: role and % must not be NULL', kind USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF pattern = '' THEN
+        RAISE EXCEPTION 'idempotency: % must not be empty', kind
+            USING ERRCODE = 'invalid_parameter_value', HINT = 'Grant ''*'' for every name.';
+    END IF;
+    IF revoke THEN
+        DELETE FROM idempotency.scope_grants g WHERE g.role = grantee AND g.kind = grant_pattern.kind
+                                                 AND g.pattern = grant_pattern.pattern;
+    ELSE
+        INSERT INTO idempotency.scope_grants (role, kind, pattern) VALUES (grantee, grant_pattern.kind, grant_pattern.pattern)
+            ON CONFLICT DO NOTHING;
+    END IF;
+    GET DIAGNOSTICS done = ROW_COUNT;
+    RETURN done;
+END
+$$;
+COMMENT ON FUNCTION idempotency.grant_pattern(regrole, text, text, boolean) IS
+'What idem_grant_scope, idem_revoke_scope, idem_grant_group and idem_revoke_group do.';
+
+CREATE FUNCTION idem_grant_scope(role regrole, scope text) RETURNS boolean
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$ SELECT idempotency.grant_pattern(role, 'scope', scope, false) $$;
+GRANT EXECUTE ON FUNCTION idem_grant_scope(regrole, text) TO idempotency_admin;
+COMMENT ON FUNCTION idem_grant_scope(regrole, text) IS
+'Lets members of role call with scope (a name, or a prefix followed by *). Once any scope is granted, a consumer without a grant gets 42501 from every call with a scope (idempotency.require_scope_grants enforces it before the first grant). True when the grant is new. For idempotency_admin.';
+CREATE FUNCTION idem_revoke_scope(role regrole, scope text) RETURNS boolean
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$ SELECT idempotency.grant_pattern(role, 'scope', scope, true) $$;
+GRANT EXECUTE ON FUNCTION idem_revoke_scope(regrole, text) TO idempotency_admin;
+COMMENT ON FUNCTION idem_revoke_scope(regrole, text) IS
+'Takes back a grant of idem_grant_scope (the same role and pattern); true when there was one. For idempotency_admin.';
+CREATE FUNCTION idem_grant_group(role regrole, consumer_group text) RETURNS boolean
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$ SELECT idempotency.grant_pattern(role, 'group', consumer_group, false) $$;
+GRANT EXECUTE ON FUNCTION idem_grant_group(regrole, text) TO idempotency_admin;
+COMMENT ON FUNCTION idem_grant_group(regrole, text) IS
+'Lets members of role record and read the offsets of consumer_group (a name, or a prefix followed by *). Once any group is granted, a consumer without a grant gets 42501 from the offset calls of other groups. True when the grant is new. For idempotency_admin.';
+CREATE FUNCTION idem_revoke_group(role regrole, consumer_group text) RETURNS boolean
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+AS $$ SELECT idempotency.grant_pattern(role, 'group', consumer_group, true) $$;
+GRANT EXECUTE ON FUNCTION idem_revoke_group(regrole, text) TO idempotency_admin;
+COMMENT ON FUNCTION idem_revoke_group(regrole, text) IS
+'Takes back a grant of idem_grant_group (the same role and pattern); true when there was one. For idempotency_admin.';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/grants.rs:24
+-- requires:
+--   scope_grants_changed
+
+
+COMMENT ON FUNCTION idempotency.scope_grants_changed() IS
+'Statement trigger of idempotency.scope_grants: every backend reads the grants again after the change commits.';
 /* </end connected objects> */
 
 /* <begin connected objects> */
 -- src/api/observe.rs:41
 CREATE SCHEMA IF NOT EXISTS idempotency; /* idempotency::api::observe::idempotency */
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/observe.rs:76
+-- idempotency::api::observe::idempotency::maintenance_state
+CREATE  FUNCTION idempotency."maintenance_state"() RETURNS TABLE (
+	"last_round_at" timestamp with time zone,  /* Option < Ts > */
+	"last_round_micros" bigint,  /* i64 */
+	"rounds" bigint,  /* i64 */
+	"failed_rounds" bigint,  /* i64 */
+	"last_error" TEXT,  /* Option < String > */
+	"last_error_at" timestamp with time zone  /* Option < Ts > */
+)
+STRICT VOLATILE PARALLEL SAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'maintenance_state_wrapper';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/observe.rs:64
+-- requires:
+--   maintenance_state
+
+
+GRANT EXECUTE ON FUNCTION idempotency.maintenance_state() TO idempotency_admin, pg_monitor;
+COMMENT ON FUNCTION idempotency.maintenance_state() IS
+'The last maintenance round of this database since the server started (worker or idem_maintenance()), how many ran and failed, the last error. Empty without the library preloaded.';
 /* </end connected objects> */
 
 /* <begin connected objects> */
@@ -840,22 +969,6 @@ AS 'MODULE_PATHNAME', 'scope_stats_wrapper';
 GRANT EXECUTE ON FUNCTION idempotency.scope_stats() TO idempotency_admin, pg_monitor;
 COMMENT ON FUNCTION idempotency.scope_stats() IS
 'The counters behind idempotency.stats, per scope, in the order of its columns (lock waits in microseconds).';
-/* </end connected objects> */
-
-/* <begin connected objects> */
--- src/api/observe.rs:76
--- idempotency::api::observe::idempotency::maintenance_state
-CREATE  FUNCTION idempotency."maintenance_state"() RETURNS TABLE (
-	"last_round_at" timestamp with time zone,  /* Option < Ts > */
-	"last_round_micros" bigint,  /* i64 */
-	"rounds" bigint,  /* i64 */
-	"failed_rounds" bigint,  /* i64 */
-	"last_error" TEXT,  /* Option < String > */
-	"last_error_at" timestamp with time zone  /* Option < Ts > */
-)
-STRICT VOLATILE PARALLEL SAFE
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'maintenance_state_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
@@ -1004,17 +1117,6 @@ $$;
 GRANT EXECUTE ON FUNCTION idem_metrics() TO idempotency_admin, pg_monitor;
 COMMENT ON FUNCTION idem_metrics() IS
 'Health snapshot computed now, one row per scope: retained, completed, in flight, oldest in flight, expired leases, awaiting retry, dead letters; and for the database: partitions, premade_ahead, the maintenance rounds (needs the library preloaded), worker_running. Reads every retained record.';
-/* </end connected objects> */
-
-/* <begin connected objects> */
--- src/api/observe.rs:64
--- requires:
---   maintenance_state
-
-
-GRANT EXECUTE ON FUNCTION idempotency.maintenance_state() TO idempotency_admin, pg_monitor;
-COMMENT ON FUNCTION idempotency.maintenance_state() IS
-'The last maintenance round of this database since the server started (worker or idem_maintenance()), how many ran and failed, the last error. Empty without the library preloaded.';
 /* </end connected objects> */
 
 /* <begin connected objects> */
@@ -1342,107 +1444,6 @@ COMMENT ON FUNCTION idem_move_records(bigint, text, integer, text, integer) IS
 
 COMMENT ON FUNCTION idempotency.delegated_functions() IS
 'The functions idem_distribute delegates to the Citus workers by their scope argument (regprocedure text), from the same table as the planner hook that guards them.';
-/* </end connected objects> */
-
-/* <begin connected objects> */
--- src/api/grants.rs:20
-CREATE SCHEMA IF NOT EXISTS idempotency; /* idempotency::api::grants::idempotency */
-/* </end connected objects> */
-
-/* <begin connected objects> */
--- src/api/grants.rs:35
--- idempotency::api::grants::idempotency::scope_grants_changed
-CREATE FUNCTION idempotency."scope_grants_changed"()
-	RETURNS TRIGGER
-	LANGUAGE c
-	AS 'MODULE_PATHNAME', 'scope_grants_changed_wrapper';
-/* </end connected objects> */
-
-/* <begin connected objects> */
--- src/api/grants.rs:24
--- requires:
---   scope_grants_changed
-
-
-COMMENT ON FUNCTION idempotency.scope_grants_changed() IS
-'Statement trigger of idempotency.scope_grants: every backend reads the grants again after the change commits.';
-/* </end connected objects> */
-
-/* <begin connected objects> */
--- src/api/grants.rs:7
--- requires:
---   bootstrap
---   idempotency::scope_grants_changed
-
--- Scope and consumer-group grants (see src/storage/grants.rs and docs/security.md). Off until the first
--- grant of a kind: without grants every member of idempotency_consumer is trusted with every scope and
--- group. role is a regrole, so that pg_dump writes it as the role's name; pattern is a scope or group name,
--- or a prefix followed by '*'.
-CREATE TABLE idempotency.scope_grants (
-    role       regrole NOT NULL,
-    kind       text NOT NULL CHECK (kind IN ('scope', 'group')),
-    pattern    text COLLATE "C" NOT NULL CHECK (pattern <> ''),
-    granted_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
-    PRIMARY KEY (role, kind, pattern)
-);
-GRANT SELECT ON idempotency.scope_grants TO idempotency_admin;
-COMMENT ON TABLE idempotency.scope_grants IS
-'Which roles may call with which scopes and consumer groups (idem_grant_scope, idem_grant_group). Enforced once a kind has a grant, or always with idempotency.require_scope_grants.';
--- Every change, by the functions below or by hand, tells every backend to read the grants again.
-CREATE TRIGGER scope_grants_changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON idempotency.scope_grants
-    FOR EACH STATEMENT EXECUTE FUNCTION idempotency.scope_grants_changed();
-SELECT pg_catalog.pg_extension_config_dump('idempotency.scope_grants', '');
-
-CREATE FUNCTION idempotency.grant_pattern(grantee regrole, kind text, pattern text, revoke boolean)
-RETURNS boolean LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-    done boolean;
-BEGIN
-    IF grantee IS NULL OR pattern IS NULL THEN
-        RAISE EXCEPTION 'idempotency: role and % must not be NULL', kind USING ERRCODE = 'null_value_not_allowed';
-    END IF;
-    IF pattern = '' THEN
-        RAISE EXCEPTION 'idempotency: % must not be empty', kind
-            USING ERRCODE = 'invalid_parameter_value', HINT = 'Grant ''*'' for every name.';
-    END IF;
-    IF revoke THEN
-        DELETE FROM idempotency.scope_grants g WHERE g.role = grantee AND g.kind = grant_pattern.kind
-                                                 AND g.pattern = grant_pattern.pattern;
-    ELSE
-        INSERT INTO idempotency.scope_grants (role, kind, pattern) VALUES (grantee, grant_pattern.kind, grant_pattern.pattern)
-            ON CONFLICT DO NOTHING;
-    END IF;
-    GET DIAGNOSTICS done = ROW_COUNT;
-    RETURN done;
-END
-$$;
-COMMENT ON FUNCTION idempotency.grant_pattern(regrole, text, text, boolean) IS
-'What idem_grant_scope, idem_revoke_scope, idem_grant_group and idem_revoke_group do.';
-
-CREATE FUNCTION idem_grant_scope(role regrole, scope text) RETURNS boolean
-LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-AS $$ SELECT idempotency.grant_pattern(role, 'scope', scope, false) $$;
-GRANT EXECUTE ON FUNCTION idem_grant_scope(regrole, text) TO idempotency_admin;
-COMMENT ON FUNCTION idem_grant_scope(regrole, text) IS
-'Lets members of role call with scope (a name, or a prefix followed by *). Once any scope is granted, a consumer without a grant gets 42501 from every call with a scope (idempotency.require_scope_grants enforces it before the first grant). True when the grant is new. For idempotency_admin.';
-CREATE FUNCTION idem_revoke_scope(role regrole, scope text) RETURNS boolean
-LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-AS $$ SELECT idempotency.grant_pattern(role, 'scope', scope, true) $$;
-GRANT EXECUTE ON FUNCTION idem_revoke_scope(regrole, text) TO idempotency_admin;
-COMMENT ON FUNCTION idem_revoke_scope(regrole, text) IS
-'Takes back a grant of idem_grant_scope (the same role and pattern); true when there was one. For idempotency_admin.';
-CREATE FUNCTION idem_grant_group(role regrole, consumer_group text) RETURNS boolean
-LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-AS $$ SELECT idempotency.grant_pattern(role, 'group', consumer_group, false) $$;
-GRANT EXECUTE ON FUNCTION idem_grant_group(regrole, text) TO idempotency_admin;
-COMMENT ON FUNCTION idem_grant_group(regrole, text) IS
-'Lets members of role record and read the offsets of consumer_group (a name, or a prefix followed by *). Once any group is granted, a consumer without a grant gets 42501 from the offset calls of other groups. True when the grant is new. For idempotency_admin.';
-CREATE FUNCTION idem_revoke_group(role regrole, consumer_group text) RETURNS boolean
-LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-AS $$ SELECT idempotency.grant_pattern(role, 'group', consumer_group, true) $$;
-GRANT EXECUTE ON FUNCTION idem_revoke_group(regrole, text) TO idempotency_admin;
-COMMENT ON FUNCTION idem_revoke_group(regrole, text) IS
-'Takes back a grant of idem_grant_group (the same role and pattern); true when there was one. For idempotency_admin.';
 /* </end connected objects> */
 
 /* <begin connected objects> */

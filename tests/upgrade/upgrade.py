@@ -20,7 +20,7 @@ idempotency--VERSION.sql, see tests/upgrade/build-old):
     idem_claim as its state says; idem_once is false for every known key; lease holders heartbeat and
     complete with their old tokens, other tokens are fenced; offsets never move backwards and a stale
     generation gets 55006; new tokens exceed all old ones; every partition has its own
-    <partition>_scope_key_idx and <partition>_expires_at_idx (the same indexes the new version gives a
+    <partition>_key_scope_idx and <partition>_expires_at_idx (the same indexes the new version gives a
     partition it makes) and the parent has no index; a key's advisory lock is
     hashtextextended(scope || E'\\x1f' || key, 18756) split into classid/objid; writing functions fail with
     25006 in a read-only transaction; maintenance runs, and as of 30 days ahead (rolled back) drops every
@@ -282,12 +282,13 @@ def check_observe(ck, c):
 
 def check_indexes(ck, c, fresh):
     parts, problems = partition_indexes(c)
-    # Since 0.7.0 the expires_at index holds the leased rows only (the update rebuilds it so).
+    # Since 0.7.0 the lookup index is on (key, scope) and the expires_at index holds the leased rows only
+    # (the update builds them anew).
     want = sorted(["CREATE INDEX <partition>_expires_at_idx ON idempotency.<partition> USING btree (expires_at) "
                    "WHERE (expires_at IS NOT NULL)",
-                   "CREATE INDEX <partition>_scope_key_idx ON idempotency.<partition> USING btree (scope, key)"])
+                   "CREATE INDEX <partition>_key_scope_idx ON idempotency.<partition> USING btree (key, scope)"])
     bad = [f"{p}: {defs}" for p, defs in parts.items() if defs != want]
-    ck.check(f"each of the {len(parts)} partitions has its own <partition>_scope_key_idx (scope, key) and "
+    ck.check(f"each of the {len(parts)} partitions has its own <partition>_key_scope_idx (key, scope) and "
              "<partition>_expires_at_idx (expires_at) WHERE expires_at IS NOT NULL, valid and not attached", parts and not bad and not problems,
              problems + bad[:10])
     n = c.execute("SELECT count(*) FROM pg_index WHERE indrelid = 'idempotency.records'::regclass").fetchone()[0]

@@ -129,7 +129,8 @@ static UNINDEXED: Stmt = Stmt {
            WHERE t.isleaf
              AND (SELECT count(*) FROM pg_catalog.pg_class ic JOIN pg_catalog.pg_index i ON i.indexrelid = ic.oid
                    WHERE i.indrelid = t.relid
-                     AND ic.relname IN (c.relname || '_scope_key_idx', c.relname || '_expires_at_idx')) < 2",
+                     AND ic.relname IN (c.relname || '_key_scope_idx', c.relname || '_scope_key_idx',
+                                        c.relname || '_expires_at_idx')) < 2",
     args: &[],
 };
 

@@ -1,5 +1,5 @@
 //! Sealing past partitions and writing their membership filters: a claim of a new key then reads one 32-byte block per
-//! sealed partition instead of descending its `(scope, key)` index.
+//! sealed partition instead of descending its lookup index.
 //!
 //! **Sealing.** A partition whose whole range is past takes no new row once maintenance has sealed
 //! it. The seal takes a SHARE lock on the partition, which waits for every transaction that wrote

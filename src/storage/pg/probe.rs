@@ -1,4 +1,4 @@
-//! Finds keys' records by probing each partition's `(scope, key)` index directly.
+//! Finds keys' records by probing each partition's lookup index on `(key, scope)` directly.
 //!
 //! A key can be in any partition, so every lookup searches them all. Through SPI that is an
 //! executor plan with one index scan per partition, and starting that executor cost most of
@@ -32,11 +32,13 @@ pub enum Col {
 const COLUMN_NAMES: [&std::ffi::CStr; 7] =
     [c"status", c"token", c"attempts", c"fingerprint", c"expires_at", c"payload", c"error"];
 
-/// What a backend remembers about one partition: its `(scope, key)` index and where the columns
+/// What a backend remembers about one partition: its lookup index and where the columns
 /// are (a partition attached by a DBA may order its columns differently from the parent).
 #[derive(Clone, Copy)]
 struct Layout {
     index: pg_sys::Oid,
+    /// The index is on `(key, scope)` (0.7.0 on), rather than `(scope, key)` (until the update to 0.7.0).
+    key_first: bool,
     columns: [i32; 7],
 }
 
@@ -55,7 +57,7 @@ pub fn forget_layouts(what: Invalidated) {
     });
 }
 
-/// The `(scope, key)` index of an open partition and its column numbers.
+/// The lookup index of an open partition, on `(key, scope)` or `(scope, key)`, and its column numbers.
 ///
 /// # Safety
 /// `part` is an open relation, a leaf partition of the record table.
@@ -76,15 +78,18 @@ unsafe fn layout(part: pg_sys::Relation) -> Layout {
     let key_col = pg_sys::SPI_fnumber(desc, c"key".as_ptr()) as i16;
     let list = pg_sys::RelationGetIndexList(part);
     let mut index = pg_sys::InvalidOid;
+    let mut key_first = false;
     for i in 0..if list.is_null() { 0 } else { (*list).length } {
         let candidate = (*(*list).elements.add(i as usize)).oid_value;
         let rel = pg_sys::index_open(candidate, pg_sys::AccessShareLock as i32);
         let form = (*rel).rd_index;
+        let leading = (*form).indkey.values.as_slice(2);
         let usable = (*(*rel).rd_rel).relam == pg_sys::BTREE_AM_OID
             && (*form).indisvalid
             && (*form).indnkeyatts >= 2
-            && (*form).indkey.values.as_slice(2) == [scope_col, key_col]
+            && (leading == [scope_col, key_col] || leading == [key_col, scope_col])
             && pg_sys::RelationGetIndexPredicate(rel).is_null();
+        key_first = leading == [key_col, scope_col];
         pg_sys::index_close(rel, pg_sys::NoLock as i32);
         if usable {
             index = candidate;
@@ -94,7 +99,7 @@ unsafe fn layout(part: pg_sys::Relation) -> Layout {
     if index == pg_sys::InvalidOid {
         crate::errors::partition_not_indexed(&name_of(part));
     }
-    let found = Layout { index, columns };
+    let found = Layout { index, key_first, columns };
     LAYOUTS.with(|l| l.borrow_mut().insert(relid, found));
     found
 }
@@ -114,6 +119,7 @@ struct Partition {
     dirty_scan: pg_sys::IndexScanDesc,
     slot: *mut pg_sys::TupleTableSlot,
     columns: [i32; 7],
+    key_first: bool,
 }
 
 /// A partition to search: opened on first use; a sealed one with a filter only when its filter
@@ -323,7 +329,9 @@ pub enum Probe<T> {
 /// `scan` is an index scan of `part.index`, made by this module; `part.slot` is empty.
 unsafe fn fetch(part: &Partition, scan: pg_sys::IndexScanDesc, scope: pg_sys::Datum, key: pg_sys::Datum) -> bool {
     let mut keys: [pg_sys::ScanKeyData; 2] = Default::default();
-    for (i, (entry, value)) in keys.iter_mut().zip([scope, key]).enumerate() {
+    // In the index's column order.
+    let values = if part.key_first { [key, scope] } else { [scope, key] };
+    for (i, (entry, value)) in keys.iter_mut().zip(values).enumerate() {
         pg_sys::ScanKeyEntryInitialize(
             entry,
             0,
@@ -365,7 +373,7 @@ unsafe fn settled(slot: *mut pg_sys::TupleTableSlot, dirty: &mut pg_sys::Snapsho
     Ok(())
 }
 
-/// Opens a partition, its `(scope, key)` index and a scan of it under `snapshot`.
+/// Opens a partition, its lookup index and a scan of it under `snapshot`.
 ///
 /// # Safety
 /// Inside a transaction that holds a lock on the record table; `relid` is one of its leaves.
@@ -375,7 +383,15 @@ unsafe fn open_partition(relid: pg_sys::Oid, snapshot: pg_sys::Snapshot) -> Part
     let index = pg_sys::index_open(layout.index, pg_sys::AccessShareLock as i32);
     let scan = super::compat::index_beginscan(heap, index, snapshot, 2, 0);
     let slot = pg_sys::table_slot_create(heap, std::ptr::null_mut());
-    Partition { heap, index, scan, dirty_scan: std::ptr::null_mut(), slot, columns: layout.columns }
+    Partition {
+        heap,
+        index,
+        scan,
+        dirty_scan: std::ptr::null_mut(),
+        slot,
+        columns: layout.columns,
+        key_first: layout.key_first,
+    }
 }
 
 /// Partitions premade for later than this past the current time are not searched: rows get
