@@ -18,7 +18,8 @@ Each restore must exit with status 0 and print no error line (any ERROR, FATAL, 
                (name and bounds) and the token sequence are identical to the source; the claim that was
                in flight during the dump is absent;
   * structure: no table left outside idempotency.records; the parent has no index; every partition has
-               a valid btree on exactly (scope, key) and one on exactly (expires_at), no index attached to
+               a valid btree on exactly (key, scope) and a partial one on exactly (expires_at) (the leased
+               rows: WHERE expires_at IS NOT NULL), no index attached to
                a parent index, and the same index definitions as in the source; no partition became a
                member of the extension (retention could not drop it);
   * behaviour: every key answers idem_claim as its restored state says (completed replays its payload,
@@ -257,12 +258,13 @@ def structure(d, src, result, what):
                             FROM pg_index WHERE indrelid = 'idempotency.records'::regclass""").fetchone()
     if parent[0]:
         result.violation(f"{what}: the parent idempotency.records has {parent[0]} indexes ({parent[1]}), expected none")
-    # Per partition: valid, ready btrees on exactly (scope, key) and on exactly (expires_at), no expression,
-    # no predicate; and no partition index attached to a parent index.
+    # Per partition: valid, ready btrees on exactly (key, scope), no predicate, and on exactly (expires_at) with
+    # the predicate expires_at IS NOT NULL; no expression; and no partition index attached to a parent index.
     rows = d.execute("""
         SELECT c.relname,
-               count(*) FILTER (WHERE ix.cols = ARRAY['scope', 'key']::name[] AND ix.ok),
-               count(*) FILTER (WHERE ix.cols = ARRAY['expires_at']::name[] AND ix.ok),
+               count(*) FILTER (WHERE ix.cols = ARRAY['key', 'scope']::name[] AND ix.ok AND ix.pred IS NULL),
+               count(*) FILTER (WHERE ix.cols = ARRAY['expires_at']::name[] AND ix.ok
+                                  AND ix.pred = '(expires_at IS NOT NULL)'),
                count(*) FILTER (WHERE ix.attached),
                count(*) FILTER (WHERE ix.indexrelid IS NOT NULL AND NOT ix.valid)
           FROM pg_inherits h JOIN pg_class c ON c.oid = h.inhrelid
@@ -272,7 +274,8 @@ def structure(d, src, result, what):
                               JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
                              ORDER BY k.n)::name[] AS cols,
                       am.amname = 'btree' AND i.indisvalid AND i.indisready AND i.indislive
-                          AND i.indexprs IS NULL AND i.indpred IS NULL AS ok,
+                          AND i.indexprs IS NULL AS ok,
+                      pg_get_expr(i.indpred, i.indrelid) AS pred,
                       i.indisvalid AND i.indisready AND i.indislive AS valid,
                       EXISTS (SELECT 1 FROM pg_inherits hi WHERE hi.inhrelid = i.indexrelid) AS attached
                  FROM pg_index i JOIN pg_class ic ON ic.oid = i.indexrelid JOIN pg_am am ON am.oid = ic.relam
@@ -281,9 +284,9 @@ def structure(d, src, result, what):
          GROUP BY c.relname ORDER BY c.relname""").fetchall()
     bad = [r for r in rows if r[1] < 1 or r[2] < 1 or r[3] or r[4]]
     if bad:
-        result.violation(f"{what}: {len(bad)} of {len(rows)} partitions without a valid btree on (scope, key) and one on "
-                         f"(expires_at), or with an attached or invalid index "
-                         f"(partition, scope_key, expires_at, attached, invalid): {bad[:4]}")
+        result.violation(f"{what}: {len(bad)} of {len(rows)} partitions without a valid btree on (key, scope) and one on "
+                         f"(expires_at) WHERE expires_at IS NOT NULL, or with an attached or invalid index "
+                         f"(partition, key_scope, expires_at, attached, invalid): {bad[:4]}")
     if not rows:
         result.violation(f"{what}: idempotency.records has no partitions")
     got = d.execute(SNAP_INDEXES).fetchall()
