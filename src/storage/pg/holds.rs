@@ -17,6 +17,7 @@
 //! call falls back to writing its rows at once and letting them keep other writers out (see `unlocked`).
 use pgrx::pg_sys;
 use std::cell::RefCell;
+use std::collections::HashMap;
 
 /// Shards of the table, each with its own LWLock, so that backends rarely wait for each other.
 const SHARDS: usize = 64;
@@ -48,8 +49,8 @@ static mut PREV_STARTUP_HOOK: pg_sys::shmem_startup_hook_type = None;
 
 thread_local! {
     /// The keys this transaction holds here, with the subtransaction that took each, and its xid.
-    static MINE: RefCell<(pg_sys::TransactionId, Vec<(u64, pg_sys::SubTransactionId)>)> =
-        const { RefCell::new((pg_sys::InvalidTransactionId, Vec::new())) };
+    static MINE: RefCell<(pg_sys::TransactionId, HashMap<u64, pg_sys::SubTransactionId>)> =
+        RefCell::new((pg_sys::InvalidTransactionId, HashMap::new()));
 }
 
 /// The keys a shard holds at most, for `keys` in all (`idempotency.held_keys`).
@@ -228,33 +229,44 @@ fn database() -> u32 {
     unsafe { pg_sys::MyDatabaseId }.to_u32()
 }
 
+/// What [`hold`] did.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Hold {
+    /// The key is held now, by this call.
+    Took,
+    /// This transaction held it already.
+    HadIt,
+    /// No room (the table is full, or there is no table): not held.
+    NoRoom,
+}
+
 /// Records that this transaction holds the key of lock hash `hash` until it ends. The caller holds the
-/// key's lock. False when there is no room (the table is full, or there is no table).
-pub fn hold(hash: u64) -> bool {
+/// key's lock.
+pub fn hold(hash: u64) -> Hold {
     let db = database();
     // SAFETY: inside a transaction that writes (it holds a key's lock to write it): assigns its xid if
     // it has none yet, as its first write would.
     let xid = unsafe { pg_sys::GetTopTransactionId() };
     let Some(mut shard) = Shard::lock(hash, db, pg_sys::LWLockMode::LW_EXCLUSIVE) else {
-        return false;
+        return Hold::NoRoom;
     };
     let table = &mut shard.table;
     match table.find(hash, db) {
-        Ok(i) if table.slots[i].xid == xid.into_inner() => return true,
+        Ok(i) if table.slots[i].xid == xid.into_inner() => return Hold::HadIt,
         // Left by a transaction that has ended (its end callback is yet to run): ours now. (A running
         // holder cannot be here: the caller looked for one after taking the key's lock. Should one be,
-        // the caller writes its row at once instead.)
+        // the caller keeps the lock or writes its row at once instead.)
         Ok(i) => {
             let other = pg_sys::TransactionId::from(table.slots[i].xid);
             // SAFETY: reads the proc array (its own LWLock, never held while taking a shard's).
             if unsafe { pg_sys::TransactionIdIsInProgress(other) } {
-                return false;
+                return Hold::NoRoom;
             }
             table.slots[i].xid = xid.into_inner();
         }
         Err(free) => {
             if !table.insert(free, Slot { hash, db, xid: xid.into_inner() }) {
-                return false;
+                return Hold::NoRoom;
             }
         }
     }
@@ -263,9 +275,28 @@ pub fn hold(hash: u64) -> bool {
     let sub = unsafe { pg_sys::GetCurrentSubTransactionId() };
     MINE.with_borrow_mut(|(mine_xid, keys)| {
         *mine_xid = xid;
-        keys.push((hash, sub));
+        keys.insert(hash, sub);
     });
-    true
+    Hold::Took
+}
+
+/// Gives back a key this call took ([`Hold::Took`]) and only read: other transactions need not wait for
+/// this one to end.
+pub fn release(hash: u64) {
+    let mine = MINE.with_borrow_mut(|(xid, keys)| keys.remove(&hash).map(|_| *xid));
+    if let Some(xid) = mine {
+        drop_entry(hash, database(), xid);
+    }
+}
+
+fn drop_entry(hash: u64, db: u32, xid: pg_sys::TransactionId) {
+    if let Some(mut shard) = Shard::lock(hash, db, pg_sys::LWLockMode::LW_EXCLUSIVE) {
+        if let Ok(i) = shard.table.find(hash, db) {
+            if shard.table.slots[i].xid == xid.into_inner() {
+                shard.table.remove(i);
+            }
+        }
+    }
 }
 
 /// Another running transaction that holds the key of lock hash `hash`. Called with the key's lock held,
@@ -286,20 +317,14 @@ pub fn holder(hash: u64) -> Option<pg_sys::TransactionId> {
 }
 
 /// Drops this transaction's entries that `keep` refuses.
-fn release(keep: impl Fn(pg_sys::SubTransactionId) -> bool) {
+fn release_all(keep: impl Fn(pg_sys::SubTransactionId) -> bool) {
     MINE.with_borrow_mut(|(xid, keys)| {
         let db = database();
-        keys.retain(|&(hash, sub)| {
+        keys.retain(|&hash, &mut sub| {
             if keep(sub) {
                 return true;
             }
-            if let Some(mut shard) = Shard::lock(hash, db, pg_sys::LWLockMode::LW_EXCLUSIVE) {
-                if let Ok(i) = shard.table.find(hash, db) {
-                    if shard.table.slots[i].xid == xid.into_inner() {
-                        shard.table.remove(i);
-                    }
-                }
-            }
+            drop_entry(hash, db, *xid);
             false
         });
     });
@@ -311,7 +336,7 @@ unsafe extern "C-unwind" fn at_transaction_end(event: pg_sys::XactEvent::Type, _
     if matches!(event, XACT_EVENT_COMMIT | XACT_EVENT_ABORT | XACT_EVENT_PREPARE)
         && MINE.with_borrow(|(_, keys)| !keys.is_empty())
     {
-        release(|_| false);
+        release_all(|_| false);
     }
 }
 
@@ -328,9 +353,9 @@ unsafe extern "C-unwind" fn at_subtransaction_end(
     }
     match event {
         // Its keys go with it, as its key locks do.
-        SUBXACT_EVENT_ABORT_SUB => release(|made_in| made_in != sub),
+        SUBXACT_EVENT_ABORT_SUB => release_all(|made_in| made_in != sub),
         SUBXACT_EVENT_COMMIT_SUB => MINE.with_borrow_mut(|(_, keys)| {
-            for (_, made_in) in keys.iter_mut().filter(|(_, made_in)| *made_in == sub) {
+            for made_in in keys.values_mut().filter(|made_in| **made_in == sub) {
                 *made_in = parent;
             }
         }),

@@ -18,7 +18,7 @@
 //! [`budget`]; past it, a call records the keys it claimed or wrote in a shared table of its own (`holds`)
 //! and gives their locks back ([`KeyLock::written`]). When that table is full, their rows are written at once
 //! and keep other writers out instead (see `unlocked`).
-use super::holds;
+use super::holds::{self, Hold};
 use super::unlocked;
 use crate::stats;
 use pgrx::{pg_sys, PgTryBuilder};
@@ -123,8 +123,18 @@ fn acquire(hash: u64, namespace: u16, wait: bool) -> pg_sys::LockAcquireResult::
 /// A key's lock, held by this transaction.
 pub struct KeyLock {
     hash: u64,
-    /// Taken by this call, rather than held already by an earlier call of the transaction.
-    fresh: bool,
+    how: How,
+}
+
+/// How a [`KeyLock`] keeps other writers out.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum How {
+    /// Its lock, taken by this call.
+    Taken,
+    /// Held by the transaction before this call: its lock, or its entry in the table of held keys.
+    Kept,
+    /// Its entry in the table of held keys, made by this call (which gave the lock back).
+    Held,
 }
 
 impl KeyLock {
@@ -136,16 +146,13 @@ impl KeyLock {
         self.give_back();
     }
 
-    /// Gives the lock back when this call took it, before waiting for another transaction's unfinished
-    /// write of the key (that transaction may be waiting for this lock).
+    /// Gives the lock (or the held key) back when this call took it, before waiting for another
+    /// transaction's unfinished write of the key (that transaction may be waiting for this lock).
     pub fn give_back(self) {
-        if self.fresh {
-            // SAFETY: releases the lock this call acquired (`fresh`), with the same tag and mode; a lock
-            // the transaction held before is never released here.
-            unsafe {
-                pg_sys::LockRelease(&tag(self.hash, LOCK_NAMESPACE), pg_sys::ExclusiveLock as i32, false)
-            };
-            HELD.set(HELD.get().saturating_sub(1));
+        match self.how {
+            How::Taken => release_lock(self.hash),
+            How::Held => holds::release(self.hash),
+            How::Kept => {}
         }
     }
 
@@ -157,7 +164,32 @@ impl KeyLock {
 
     /// This call took the lock past the transaction's [`budget`].
     fn past_budget(&self) -> bool {
-        self.fresh && (GIVING_BACK.get() || HELD.get() > budget())
+        self.how == How::Taken && (GIVING_BACK.get() || HELD.get() > budget())
+    }
+
+    /// For a batch past the budget, once [`KeyLock::held_elsewhere`] found no other holder: the key held in
+    /// the table of held keys instead of by its lock, which is given back, so that the batch can go on
+    /// taking keys without filling the lock table. Keeps the lock when the table has no room.
+    pub fn hold_instead(self) -> KeyLock {
+        if self.how != How::Taken {
+            return self;
+        }
+        match holds::hold(self.hash) {
+            Hold::Took => {
+                release_lock(self.hash);
+                KeyLock { how: How::Held, ..self }
+            }
+            Hold::HadIt => {
+                release_lock(self.hash);
+                KeyLock { how: How::Kept, ..self }
+            }
+            Hold::NoRoom => self,
+        }
+    }
+
+    /// Whether the key is kept by its lock, taken by this call (rather than held in the table).
+    pub fn takes_a_lock(&self) -> bool {
+        self.how == How::Taken
     }
 
     /// The call wrote or claimed the key (or deleted its row): the lock is kept until the transaction ends
@@ -170,11 +202,11 @@ impl KeyLock {
             return;
         }
         GIVING_BACK.set(true);
-        if holds::hold(self.hash) {
-            self.give_back();
+        if holds::hold(self.hash) != Hold::NoRoom {
+            release_lock(self.hash);
         } else if !KEEP_ALL.get() {
             unlocked::enter();
-            self.give_back();
+            release_lock(self.hash);
         }
     }
 
@@ -182,8 +214,16 @@ impl KeyLock {
     /// must keep other writers out until then, a lock kept or, past the budget, the key held in the shared
     /// table (taken here, given back with the transaction or its subtransaction).
     pub fn may_defer(&self) -> bool {
-        !self.past_budget() || holds::hold(self.hash) || KEEP_ALL.get()
+        !self.past_budget() || holds::hold(self.hash) != Hold::NoRoom || KEEP_ALL.get()
     }
+}
+
+/// Releases a key lock this call took.
+fn release_lock(hash: u64) {
+    // SAFETY: releases a lock this call acquired (`How::Taken`), with the same tag and mode; a lock the
+    // transaction held before is never released here.
+    unsafe { pg_sys::LockRelease(&tag(hash, LOCK_NAMESPACE), pg_sys::ExclusiveLock as i32, false) };
+    HELD.set(HELD.get().saturating_sub(1));
 }
 
 /// Locks `(scope, key)` until the end of the transaction. With `wait = false` returns None at
@@ -210,9 +250,9 @@ pub fn lock_key(scope: &str, key: &str, wait: bool) -> Option<KeyLock> {
         pg_sys::LockAcquireResult::LOCKACQUIRE_NOT_AVAIL => None,
         pg_sys::LockAcquireResult::LOCKACQUIRE_OK => {
             HELD.set(HELD.get() + 1);
-            Some(KeyLock { hash, fresh: true })
+            Some(KeyLock { hash, how: How::Taken })
         }
-        _ => Some(KeyLock { hash, fresh: false }),
+        _ => Some(KeyLock { hash, how: How::Kept }),
     }
 }
 
