@@ -680,113 +680,84 @@ COMMENT ON FUNCTION idem_status(text, text) IS
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/api/partitions.rs:10
-CREATE SCHEMA IF NOT EXISTS idempotency; /* idempotency::api::partitions::idempotency */
+-- src/api/observe.rs:41
+CREATE SCHEMA IF NOT EXISTS idempotency; /* idempotency::api::observe::idempotency */
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/api/partitions.rs:25
--- idempotency::api::partitions::idempotency::premake_partitions
-CREATE  FUNCTION idempotency."premake_partitions"(
-	"as_of" timestamp with time zone DEFAULT now() /* Option < TimestampWithTimeZone > */
-) RETURNS INT /* i32 */
-VOLATILE PARALLEL UNSAFE
-SET search_path TO pg_catalog, pg_temp
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'premake_partitions_wrapper';
-/* </end connected objects> */
-
-/* <begin connected objects> */
--- src/api/partitions.rs:15
--- requires:
---   premake_partitions
-
-
-COMMENT ON FUNCTION idempotency.premake_partitions(timestamptz) IS
-'Creates the missing partitions of idempotency.records from as_of to idempotency.premake intervals ahead; returns how many.';
-/* </end connected objects> */
-
-/* <begin connected objects> */
--- src/api/partitions.rs:64
--- idempotency::api::partitions::idempotency::partition_range
-CREATE  FUNCTION idempotency."partition_range"(
-	"bound" TEXT /* & str */
-) RETURNS TABLE (
-	"range_from" timestamp with time zone,  /* TimestampWithTimeZone */
-	"range_to" timestamp with time zone  /* TimestampWithTimeZone */
+-- src/api/observe.rs:76
+-- idempotency::api::observe::idempotency::maintenance_state
+CREATE  FUNCTION idempotency."maintenance_state"() RETURNS TABLE (
+	"last_round_at" timestamp with time zone,  /* Option < Ts > */
+	"last_round_micros" bigint,  /* i64 */
+	"rounds" bigint,  /* i64 */
+	"failed_rounds" bigint,  /* i64 */
+	"last_error" TEXT,  /* Option < String > */
+	"last_error_at" timestamp with time zone  /* Option < Ts > */
 )
-IMMUTABLE STRICT PARALLEL SAFE
+STRICT VOLATILE PARALLEL SAFE
 LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'partition_range_wrapper';
+AS 'MODULE_PATHNAME', 'maintenance_state_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/api/partitions.rs:51
+-- src/api/observe.rs:64
 -- requires:
---   partition_range
+--   maintenance_state
 
 
-GRANT EXECUTE ON FUNCTION idempotency.partition_range(text) TO idempotency_admin, pg_monitor;
-COMMENT ON FUNCTION idempotency.partition_range(text) IS
-'The range [range_from, range_to) of a partition bound (pg_class.relpartbound as text), read from its node tree (no row for a default partition); what idempotency.partitions shows, unmoved by DateStyle or TimeZone.';
+GRANT EXECUTE ON FUNCTION idempotency.maintenance_state() TO idempotency_admin, pg_monitor;
+COMMENT ON FUNCTION idempotency.maintenance_state() IS
+'The last maintenance round of this database since the server started (worker or idem_maintenance()), how many ran and failed, the last error. Empty without the library preloaded.';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/api/partitions.rs:4
--- requires:
---   bootstrap
---   idempotency::partition_range
-
--- Every partition of the record table with its range, what it holds, and when retention drops it.
--- (pg_partman's default partition, if any, has no range.) The range comes from the partition's catalog
--- bound (the row's own relpartbound, read in the statement's snapshot) through idempotency.partition_range,
--- never through a timestamp's text: pg_get_expr prints it under the
--- reader's DateStyle and TimeZone, and a zone abbreviation can read back hours away.
--- Every operator below has operands of exactly its types, and every function is qualified, so that no
--- object of the schema CREATE EXTENSION ran in is bound into the view (it runs as the storage's owner).
-CREATE VIEW idempotency.partitions AS
-SELECT c.oid::pg_catalog.regclass                             AS partition,
-       b.range_from,
-       b.range_to,
-       GREATEST(c.reltuples, 0::pg_catalog.float4)::pg_catalog.int8 AS row_estimate,
-       pg_catalog.pg_total_relation_size(c.oid)               AS total_bytes,
-       pg_catalog.pg_size_pretty(pg_catalog.pg_total_relation_size(c.oid)) AS size,
-       b.range_to OPERATOR(pg_catalog.+)
-         pg_catalog.current_setting('idempotency.retention', true)::pg_catalog.interval AS dropped_after,
-       s.sealed_at,
-       s.blocks OPERATOR(pg_catalog.*) 32                     AS filter_bytes
-  FROM pg_catalog.pg_inherits i
-  JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) i.inhrelid
-  LEFT JOIN idempotency.sealed s
-         ON s.partition OPERATOR(pg_catalog.=) c.oid AND s.partition_name OPERATOR(pg_catalog.=) c.relname
-  LEFT JOIN LATERAL idempotency.partition_range(c.relpartbound::pg_catalog.text) b ON true
- WHERE i.inhparent OPERATOR(pg_catalog.=) 'idempotency.records'::pg_catalog.regclass::pg_catalog.oid
- ORDER BY b.range_from NULLS LAST;
-
-GRANT SELECT ON idempotency.partitions TO idempotency_admin, pg_monitor;
-COMMENT ON VIEW idempotency.partitions IS 'Partitions of idempotency.records: range, estimated rows, size, when retention drops each, and when it was sealed (no new rows) with its filter''s size.';
-/* </end connected objects> */
-
-/* <begin connected objects> */
--- src/api/partitions.rs:43
--- idempotency::api::partitions::idempotency::seal_partition
-CREATE  FUNCTION idempotency."seal_partition"(
-	"part" oid /* Option < pg_sys :: Oid > */
-) RETURNS bool /* bool */
-VOLATILE PARALLEL UNSAFE
-SET search_path TO pg_catalog, pg_temp
+-- src/api/observe.rs:56
+-- idempotency::api::observe::idempotency::scope_stats
+CREATE  FUNCTION idempotency."scope_stats"() RETURNS TABLE (
+	"scope" TEXT,  /* Option < String > */
+	"counts" bigint[],  /* Vec < i64 > */
+	"stats_reset" timestamp with time zone  /* Option < Ts > */
+)
+STRICT VOLATILE PARALLEL SAFE
 LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'seal_partition_wrapper';
+AS 'MODULE_PATHNAME', 'scope_stats_wrapper';
 /* </end connected objects> */
 
 /* <begin connected objects> */
--- src/api/partitions.rs:33
+-- src/api/observe.rs:45
 -- requires:
---   seal_partition
+--   scope_stats
 
 
-COMMENT ON FUNCTION idempotency.seal_partition(oid) IS
-'Seals a partition of idempotency.records (an oid: pass ''idempotency.records_p...''::regclass) now and builds its membership filter (maintenance seals past partitions by itself). Waits for the partition''s writers within lock_timeout. Sealing the partition of the present moves new keys to the next one. False if it was sealed already.';
+GRANT EXECUTE ON FUNCTION idempotency.scope_stats() TO idempotency_admin, pg_monitor;
+COMMENT ON FUNCTION idempotency.scope_stats() IS
+'The counters behind idempotency.stats, per scope, in the order of its columns (lock waits in microseconds).';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/observe.rs:112
+-- idempotency::api::observe::idempotency::stats_totals
+CREATE  FUNCTION idempotency."stats_totals"() RETURNS TABLE (
+	"counts" bigint[],  /* Vec < i64 > */
+	"scopes" bigint,  /* i64 */
+	"enabled" bool,  /* bool */
+	"stats_reset" timestamp with time zone  /* Option < Ts > */
+)
+STRICT VOLATILE PARALLEL SAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'stats_totals_wrapper';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/observe.rs:100
+-- requires:
+--   stats_totals
+
+
+GRANT EXECUTE ON FUNCTION idempotency.stats_totals() TO idempotency_admin, pg_monitor;
+COMMENT ON FUNCTION idempotency.stats_totals() IS
+'The counters behind idem_stats(), added up over the scopes of this database.';
 /* </end connected objects> */
 
 /* <begin connected objects> */
@@ -888,235 +859,6 @@ COMMENT ON FUNCTION idem_revoke_group(regrole, text) IS
 
 COMMENT ON FUNCTION idempotency.scope_grants_changed() IS
 'Statement trigger of idempotency.scope_grants: every backend reads the grants again after the change commits.';
-/* </end connected objects> */
-
-/* <begin connected objects> */
--- src/api/observe.rs:41
-CREATE SCHEMA IF NOT EXISTS idempotency; /* idempotency::api::observe::idempotency */
-/* </end connected objects> */
-
-/* <begin connected objects> */
--- src/api/observe.rs:76
--- idempotency::api::observe::idempotency::maintenance_state
-CREATE  FUNCTION idempotency."maintenance_state"() RETURNS TABLE (
-	"last_round_at" timestamp with time zone,  /* Option < Ts > */
-	"last_round_micros" bigint,  /* i64 */
-	"rounds" bigint,  /* i64 */
-	"failed_rounds" bigint,  /* i64 */
-	"last_error" TEXT,  /* Option < String > */
-	"last_error_at" timestamp with time zone  /* Option < Ts > */
-)
-STRICT VOLATILE PARALLEL SAFE
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'maintenance_state_wrapper';
-/* </end connected objects> */
-
-/* <begin connected objects> */
--- src/api/observe.rs:64
--- requires:
---   maintenance_state
-
-
-GRANT EXECUTE ON FUNCTION idempotency.maintenance_state() TO idempotency_admin, pg_monitor;
-COMMENT ON FUNCTION idempotency.maintenance_state() IS
-'The last maintenance round of this database since the server started (worker or idem_maintenance()), how many ran and failed, the last error. Empty without the library preloaded.';
-/* </end connected objects> */
-
-/* <begin connected objects> */
--- src/api/observe.rs:112
--- idempotency::api::observe::idempotency::stats_totals
-CREATE  FUNCTION idempotency."stats_totals"() RETURNS TABLE (
-	"counts" bigint[],  /* Vec < i64 > */
-	"scopes" bigint,  /* i64 */
-	"enabled" bool,  /* bool */
-	"stats_reset" timestamp with time zone  /* Option < Ts > */
-)
-STRICT VOLATILE PARALLEL SAFE
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'stats_totals_wrapper';
-/* </end connected objects> */
-
-/* <begin connected objects> */
--- src/api/observe.rs:100
--- requires:
---   stats_totals
-
-
-GRANT EXECUTE ON FUNCTION idempotency.stats_totals() TO idempotency_admin, pg_monitor;
-COMMENT ON FUNCTION idempotency.stats_totals() IS
-'The counters behind idem_stats(), added up over the scopes of this database.';
-/* </end connected objects> */
-
-/* <begin connected objects> */
--- src/api/observe.rs:56
--- idempotency::api::observe::idempotency::scope_stats
-CREATE  FUNCTION idempotency."scope_stats"() RETURNS TABLE (
-	"scope" TEXT,  /* Option < String > */
-	"counts" bigint[],  /* Vec < i64 > */
-	"stats_reset" timestamp with time zone  /* Option < Ts > */
-)
-STRICT VOLATILE PARALLEL SAFE
-LANGUAGE c /* Rust */
-AS 'MODULE_PATHNAME', 'scope_stats_wrapper';
-/* </end connected objects> */
-
-/* <begin connected objects> */
--- src/api/observe.rs:45
--- requires:
---   scope_stats
-
-
-GRANT EXECUTE ON FUNCTION idempotency.scope_stats() TO idempotency_admin, pg_monitor;
-COMMENT ON FUNCTION idempotency.scope_stats() IS
-'The counters behind idempotency.stats, per scope, in the order of its columns (lock waits in microseconds).';
-/* </end connected objects> */
-
-/* <begin connected objects> */
--- src/api/observe.rs:7
--- requires:
---   bootstrap
---   partitions
---   idempotency::scope_stats
---   idempotency::stats_totals
---   idempotency::maintenance_state
-
--- Observability: the views and functions a DBA and a monitoring system read. Runs after the generated
--- functions it uses (idempotency.scope_stats, stats_totals, maintenance_state); privileges and comments
--- are in finalize.sql.
-
--- Cumulative counters per scope, from shared memory (src/stats). The array's order is the Counter
--- enum's; lock waits are kept in microseconds.
--- The views' operators have operands of exactly their types (no planted lookalike in the schema
--- CREATE EXTENSION ran in can match better) and their functions are qualified.
-CREATE VIEW idempotency.stats AS
-SELECT s.scope,
-       s.counts[1]  AS claims,
-       s.counts[2]  AS claimed_new,
-       s.counts[3]  AS takeovers,
-       s.counts[4]  AS retries,
-       s.counts[5]  AS answered_completed,
-       s.counts[6]  AS answered_in_progress,
-       s.counts[7]  AS answered_failed,
-       s.counts[8]  AS answered_mismatch,
-       s.counts[9]  AS poisoned,
-       s.counts[10] AS dead_lettered,
-       s.counts[11] AS stale_refused,
-       s.counts[12] AS serialization_failures,
-       s.counts[13] AS lock_waits,
-       s.counts[14]::pg_catalog.float8 OPERATOR(pg_catalog./) 1000.0::pg_catalog.float8 AS lock_wait_ms,
-       s.counts[15] AS completes,
-       s.counts[16] AS fails,
-       s.counts[17] AS heartbeats,
-       s.stats_reset
-  FROM idempotency.scope_stats() s;
-GRANT SELECT ON idempotency.stats TO idempotency_admin, pg_monitor;
-COMMENT ON VIEW idempotency.stats IS
-'Cumulative counters per scope of this database since stats_reset (shared memory; needs shared_preload_libraries). Counted when the calling transaction ends, committed or not. scope NULL: the scopes beyond idempotency.stats_max_scopes. claims = claimed_new + takeovers + retries + answered_*.';
-
-CREATE FUNCTION idem_stats()
-RETURNS TABLE (claims bigint, claimed_new bigint, takeovers bigint, retries bigint,
-               answered_completed bigint, answered_in_progress bigint, answered_failed bigint,
-               answered_mismatch bigint, poisoned bigint, dead_lettered bigint, stale_refused bigint,
-               serialization_failures bigint, lock_waits bigint, lock_wait_ms double precision,
-               completes bigint, fails bigint, heartbeats bigint,
-               scopes bigint, enabled boolean, stats_reset timestamptz)
-LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
-SELECT t.counts[1], t.counts[2], t.counts[3], t.counts[4], t.counts[5], t.counts[6], t.counts[7],
-       t.counts[8], t.counts[9], t.counts[10], t.counts[11], t.counts[12], t.counts[13],
-       t.counts[14] / 1000.0::double precision, t.counts[15], t.counts[16], t.counts[17],
-       t.scopes, t.enabled, t.stats_reset
-  FROM idempotency.stats_totals() t
-$$;
-GRANT EXECUTE ON FUNCTION idem_stats() TO idempotency_admin, pg_monitor;
-COMMENT ON FUNCTION idem_stats() IS
-'The counters of idempotency.stats added up over all scopes of this database, with the number of scopes, whether counting is on (library preloaded and idempotency.stats on) and the oldest stats_reset.';
-
--- Keys that are pending: held by a live lease, with an ended lease nobody took over yet, or released
--- by a retryable failure. Pending rows always have expires_at, so the expires_at index finds them
--- without reading the settled ones.
-CREATE VIEW idempotency.in_flight AS
-SELECT r.scope,
-       r.key,
-       CASE WHEN r.token IS NULL THEN 'released'
-            WHEN r.expires_at > pg_catalog.clock_timestamp() THEN 'leased'
-            ELSE 'expired' END AS state,
-       r.token,
-       r.attempts,
-       r.created_at,
-       r.updated_at,
-       r.expires_at,
-       pg_catalog.clock_timestamp() - r.created_at AS age
-  FROM idempotency.records r
- WHERE r.expires_at IS NOT NULL AND r.status = 'pending';
-GRANT SELECT ON idempotency.in_flight TO idempotency_admin;
-COMMENT ON VIEW idempotency.in_flight IS
-'Pending keys: state leased (live lease), expired (lease ended, not taken over yet) or released (a retryable failure, waiting for the next claim); age = now - created_at.';
-
--- Terminal failures: idem_fail(retryable => false), retryable failures past idempotency.max_attempts,
--- and poison messages (error = {"error": "max_attempts_exceeded", ...}).
-CREATE VIEW idempotency.dead_letters AS
-SELECT r.scope,
-       r.key,
-       r.error,
-       r.attempts,
-       r.created_at,
-       r.updated_at AS failed_at
-  FROM idempotency.records r
- WHERE r.status = 'failed';
-GRANT SELECT ON idempotency.dead_letters TO idempotency_admin;
-COMMENT ON VIEW idempotency.dead_letters IS
-'Terminal failures with their stored error: idem_fail(retryable => false), retries past idempotency.max_attempts, poison messages. idem_redrive makes them claimable again.';
-
--- A health snapshot, computed now: one row per scope that has records (one row with scope NULL when
--- none has), the database-wide figures repeated on each. Reads every retained record once.
-CREATE FUNCTION idem_metrics()
-RETURNS TABLE (scope text, retained_keys bigint, completed_keys bigint, in_flight bigint,
-               oldest_lease_age interval, expired_leases bigint, awaiting_retry bigint,
-               dead_letters bigint, last_dead_letter_at timestamptz,
-               partitions integer, sealed_partitions integer, premade_until timestamptz,
-               premade_ahead interval, last_round_at timestamptz, last_round_duration interval,
-               rounds bigint, failed_rounds bigint, last_error text, last_error_at timestamptz,
-               worker_running boolean)
-LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-WITH k AS (
-    SELECT r.scope,
-           count(*) AS retained_keys,
-           count(*) FILTER (WHERE r.status = 'completed') AS completed_keys,
-           count(*) FILTER (WHERE r.status = 'pending' AND r.token IS NOT NULL
-                              AND r.expires_at > clock_timestamp()) AS in_flight,
-           clock_timestamp() - min(r.created_at) FILTER (WHERE r.status = 'pending' AND r.token IS NOT NULL
-                                                           AND r.expires_at > clock_timestamp()) AS oldest_lease_age,
-           count(*) FILTER (WHERE r.status = 'pending' AND r.token IS NOT NULL
-                              AND NOT coalesce(r.expires_at > clock_timestamp(), false)) AS expired_leases,
-           count(*) FILTER (WHERE r.status = 'pending' AND r.token IS NULL) AS awaiting_retry,
-           count(*) FILTER (WHERE r.status = 'failed') AS dead_letters,
-           max(r.updated_at) FILTER (WHERE r.status = 'failed') AS last_dead_letter_at
-      FROM idempotency.records r
-     GROUP BY r.scope
-), p AS (
-    SELECT count(*)::integer AS partitions,
-           count(v.sealed_at)::integer AS sealed_partitions,
-           max(v.range_to) AS premade_until
-      FROM idempotency.partitions v
-), m AS (
-    SELECT * FROM idempotency.maintenance_state()
-)
-SELECT k.scope,
-       coalesce(k.retained_keys, 0), coalesce(k.completed_keys, 0), coalesce(k.in_flight, 0),
-       k.oldest_lease_age, coalesce(k.expired_leases, 0), coalesce(k.awaiting_retry, 0),
-       coalesce(k.dead_letters, 0), k.last_dead_letter_at,
-       p.partitions, p.sealed_partitions, p.premade_until, p.premade_until - clock_timestamp(),
-       m.last_round_at, make_interval(secs => m.last_round_micros / 1e6),
-       coalesce(m.rounds, 0), coalesce(m.failed_rounds, 0), m.last_error, m.last_error_at,
-       EXISTS (SELECT FROM pg_stat_activity a WHERE a.backend_type = 'idempotency launcher')
-  FROM p
-  LEFT JOIN m ON true
-  LEFT JOIN k ON true
- ORDER BY k.scope
-$$;
-GRANT EXECUTE ON FUNCTION idem_metrics() TO idempotency_admin, pg_monitor;
-COMMENT ON FUNCTION idem_metrics() IS
-'Health snapshot computed now, one row per scope: retained, completed, in flight, oldest in flight, expired leases, awaiting retry, dead letters; and for the database: partitions, premade_ahead, the maintenance rounds (needs the library preloaded), worker_running. Reads every retained record.';
 /* </end connected objects> */
 
 /* <begin connected objects> */
@@ -1444,6 +1186,264 @@ COMMENT ON FUNCTION idem_move_records(bigint, text, integer, text, integer) IS
 
 COMMENT ON FUNCTION idempotency.delegated_functions() IS
 'The functions idem_distribute delegates to the Citus workers by their scope argument (regprocedure text), from the same table as the planner hook that guards them.';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/partitions.rs:10
+CREATE SCHEMA IF NOT EXISTS idempotency; /* idempotency::api::partitions::idempotency */
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/partitions.rs:64
+-- idempotency::api::partitions::idempotency::partition_range
+CREATE  FUNCTION idempotency."partition_range"(
+	"bound" TEXT /* & str */
+) RETURNS TABLE (
+	"range_from" timestamp with time zone,  /* TimestampWithTimeZone */
+	"range_to" timestamp with time zone  /* TimestampWithTimeZone */
+)
+IMMUTABLE STRICT PARALLEL SAFE
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'partition_range_wrapper';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/partitions.rs:51
+-- requires:
+--   partition_range
+
+
+GRANT EXECUTE ON FUNCTION idempotency.partition_range(text) TO idempotency_admin, pg_monitor;
+COMMENT ON FUNCTION idempotency.partition_range(text) IS
+'The range [range_from, range_to) of a partition bound (pg_class.relpartbound as text), read from its node tree (no row for a default partition); what idempotency.partitions shows, unmoved by DateStyle or TimeZone.';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/partitions.rs:4
+-- requires:
+--   bootstrap
+--   idempotency::partition_range
+
+-- Every partition of the record table with its range, what it holds, and when retention drops it.
+-- (pg_partman's default partition, if any, has no range.) The range comes from the partition's catalog
+-- bound (the row's own relpartbound, read in the statement's snapshot) through idempotency.partition_range,
+-- never through a timestamp's text: pg_get_expr prints it under the
+-- reader's DateStyle and TimeZone, and a zone abbreviation can read back hours away.
+-- Every operator below has operands of exactly its types, and every function is qualified, so that no
+-- object of the schema CREATE EXTENSION ran in is bound into the view (it runs as the storage's owner).
+CREATE VIEW idempotency.partitions AS
+SELECT c.oid::pg_catalog.regclass                             AS partition,
+       b.range_from,
+       b.range_to,
+       GREATEST(c.reltuples, 0::pg_catalog.float4)::pg_catalog.int8 AS row_estimate,
+       pg_catalog.pg_total_relation_size(c.oid)               AS total_bytes,
+       pg_catalog.pg_size_pretty(pg_catalog.pg_total_relation_size(c.oid)) AS size,
+       b.range_to OPERATOR(pg_catalog.+)
+         pg_catalog.current_setting('idempotency.retention', true)::pg_catalog.interval AS dropped_after,
+       s.sealed_at,
+       s.blocks OPERATOR(pg_catalog.*) 32                     AS filter_bytes
+  FROM pg_catalog.pg_inherits i
+  JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) i.inhrelid
+  LEFT JOIN idempotency.sealed s
+         ON s.partition OPERATOR(pg_catalog.=) c.oid AND s.partition_name OPERATOR(pg_catalog.=) c.relname
+  LEFT JOIN LATERAL idempotency.partition_range(c.relpartbound::pg_catalog.text) b ON true
+ WHERE i.inhparent OPERATOR(pg_catalog.=) 'idempotency.records'::pg_catalog.regclass::pg_catalog.oid
+ ORDER BY b.range_from NULLS LAST;
+
+GRANT SELECT ON idempotency.partitions TO idempotency_admin, pg_monitor;
+COMMENT ON VIEW idempotency.partitions IS 'Partitions of idempotency.records: range, estimated rows, size, when retention drops each, and when it was sealed (no new rows) with its filter''s size.';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/observe.rs:7
+-- requires:
+--   bootstrap
+--   partitions
+--   idempotency::scope_stats
+--   idempotency::stats_totals
+--   idempotency::maintenance_state
+
+-- Observability: the views and functions a DBA and a monitoring system read. Runs after the generated
+-- functions it uses (idempotency.scope_stats, stats_totals, maintenance_state); privileges and comments
+-- are in finalize.sql.
+
+-- Cumulative counters per scope, from shared memory (src/stats). The array's order is the Counter
+-- enum's; lock waits are kept in microseconds.
+-- The views' operators have operands of exactly their types (no planted lookalike in the schema
+-- CREATE EXTENSION ran in can match better) and their functions are qualified.
+CREATE VIEW idempotency.stats AS
+SELECT s.scope,
+       s.counts[1]  AS claims,
+       s.counts[2]  AS claimed_new,
+       s.counts[3]  AS takeovers,
+       s.counts[4]  AS retries,
+       s.counts[5]  AS answered_completed,
+       s.counts[6]  AS answered_in_progress,
+       s.counts[7]  AS answered_failed,
+       s.counts[8]  AS answered_mismatch,
+       s.counts[9]  AS poisoned,
+       s.counts[10] AS dead_lettered,
+       s.counts[11] AS stale_refused,
+       s.counts[12] AS serialization_failures,
+       s.counts[13] AS lock_waits,
+       s.counts[14]::pg_catalog.float8 OPERATOR(pg_catalog./) 1000.0::pg_catalog.float8 AS lock_wait_ms,
+       s.counts[15] AS completes,
+       s.counts[16] AS fails,
+       s.counts[17] AS heartbeats,
+       s.stats_reset
+  FROM idempotency.scope_stats() s;
+GRANT SELECT ON idempotency.stats TO idempotency_admin, pg_monitor;
+COMMENT ON VIEW idempotency.stats IS
+'Cumulative counters per scope of this database since stats_reset (shared memory; needs shared_preload_libraries). Counted when the calling transaction ends, committed or not. scope NULL: the scopes beyond idempotency.stats_max_scopes. claims = claimed_new + takeovers + retries + answered_*.';
+
+CREATE FUNCTION idem_stats()
+RETURNS TABLE (claims bigint, claimed_new bigint, takeovers bigint, retries bigint,
+               answered_completed bigint, answered_in_progress bigint, answered_failed bigint,
+               answered_mismatch bigint, poisoned bigint, dead_lettered bigint, stale_refused bigint,
+               serialization_failures bigint, lock_waits bigint, lock_wait_ms double precision,
+               completes bigint, fails bigint, heartbeats bigint,
+               scopes bigint, enabled boolean, stats_reset timestamptz)
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+SELECT t.counts[1], t.counts[2], t.counts[3], t.counts[4], t.counts[5], t.counts[6], t.counts[7],
+       t.counts[8], t.counts[9], t.counts[10], t.counts[11], t.counts[12], t.counts[13],
+       t.counts[14] / 1000.0::double precision, t.counts[15], t.counts[16], t.counts[17],
+       t.scopes, t.enabled, t.stats_reset
+  FROM idempotency.stats_totals() t
+$$;
+GRANT EXECUTE ON FUNCTION idem_stats() TO idempotency_admin, pg_monitor;
+COMMENT ON FUNCTION idem_stats() IS
+'The counters of idempotency.stats added up over all scopes of this database, with the number of scopes, whether counting is on (library preloaded and idempotency.stats on) and the oldest stats_reset.';
+
+-- Keys that are pending: held by a live lease, with an ended lease nobody took over yet, or released
+-- by a retryable failure. Pending rows always have expires_at, so the expires_at index finds them
+-- without reading the settled ones.
+CREATE VIEW idempotency.in_flight AS
+SELECT r.scope,
+       r.key,
+       CASE WHEN r.token IS NULL THEN 'released'
+            WHEN r.expires_at > pg_catalog.clock_timestamp() THEN 'leased'
+            ELSE 'expired' END AS state,
+       r.token,
+       r.attempts,
+       r.created_at,
+       r.updated_at,
+       r.expires_at,
+       pg_catalog.clock_timestamp() - r.created_at AS age
+  FROM idempotency.records r
+ WHERE r.expires_at IS NOT NULL AND r.status = 'pending';
+GRANT SELECT ON idempotency.in_flight TO idempotency_admin;
+COMMENT ON VIEW idempotency.in_flight IS
+'Pending keys: state leased (live lease), expired (lease ended, not taken over yet) or released (a retryable failure, waiting for the next claim); age = now - created_at.';
+
+-- Terminal failures: idem_fail(retryable => false), retryable failures past idempotency.max_attempts,
+-- and poison messages (error = {"error": "max_attempts_exceeded", ...}).
+CREATE VIEW idempotency.dead_letters AS
+SELECT r.scope,
+       r.key,
+       r.error,
+       r.attempts,
+       r.created_at,
+       r.updated_at AS failed_at
+  FROM idempotency.records r
+ WHERE r.status = 'failed';
+GRANT SELECT ON idempotency.dead_letters TO idempotency_admin;
+COMMENT ON VIEW idempotency.dead_letters IS
+'Terminal failures with their stored error: idem_fail(retryable => false), retries past idempotency.max_attempts, poison messages. idem_redrive makes them claimable again.';
+
+-- A health snapshot, computed now: one row per scope that has records (one row with scope NULL when
+-- none has), the database-wide figures repeated on each. Reads every retained record once.
+CREATE FUNCTION idem_metrics()
+RETURNS TABLE (scope text, retained_keys bigint, completed_keys bigint, in_flight bigint,
+               oldest_lease_age interval, expired_leases bigint, awaiting_retry bigint,
+               dead_letters bigint, last_dead_letter_at timestamptz,
+               partitions integer, sealed_partitions integer, premade_until timestamptz,
+               premade_ahead interval, last_round_at timestamptz, last_round_duration interval,
+               rounds bigint, failed_rounds bigint, last_error text, last_error_at timestamptz,
+               worker_running boolean)
+LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+WITH k AS (
+    SELECT r.scope,
+           count(*) AS retained_keys,
+           count(*) FILTER (WHERE r.status = 'completed') AS completed_keys,
+           count(*) FILTER (WHERE r.status = 'pending' AND r.token IS NOT NULL
+                              AND r.expires_at > clock_timestamp()) AS in_flight,
+           clock_timestamp() - min(r.created_at) FILTER (WHERE r.status = 'pending' AND r.token IS NOT NULL
+                                                           AND r.expires_at > clock_timestamp()) AS oldest_lease_age,
+           count(*) FILTER (WHERE r.status = 'pending' AND r.token IS NOT NULL
+                              AND NOT coalesce(r.expires_at > clock_timestamp(), false)) AS expired_leases,
+           count(*) FILTER (WHERE r.status = 'pending' AND r.token IS NULL) AS awaiting_retry,
+           count(*) FILTER (WHERE r.status = 'failed') AS dead_letters,
+           max(r.updated_at) FILTER (WHERE r.status = 'failed') AS last_dead_letter_at
+      FROM idempotency.records r
+     GROUP BY r.scope
+), p AS (
+    SELECT count(*)::integer AS partitions,
+           count(v.sealed_at)::integer AS sealed_partitions,
+           max(v.range_to) AS premade_until
+      FROM idempotency.partitions v
+), m AS (
+    SELECT * FROM idempotency.maintenance_state()
+)
+SELECT k.scope,
+       coalesce(k.retained_keys, 0), coalesce(k.completed_keys, 0), coalesce(k.in_flight, 0),
+       k.oldest_lease_age, coalesce(k.expired_leases, 0), coalesce(k.awaiting_retry, 0),
+       coalesce(k.dead_letters, 0), k.last_dead_letter_at,
+       p.partitions, p.sealed_partitions, p.premade_until, p.premade_until - clock_timestamp(),
+       m.last_round_at, make_interval(secs => m.last_round_micros / 1e6),
+       coalesce(m.rounds, 0), coalesce(m.failed_rounds, 0), m.last_error, m.last_error_at,
+       EXISTS (SELECT FROM pg_stat_activity a WHERE a.backend_type = 'idempotency launcher')
+  FROM p
+  LEFT JOIN m ON true
+  LEFT JOIN k ON true
+ ORDER BY k.scope
+$$;
+GRANT EXECUTE ON FUNCTION idem_metrics() TO idempotency_admin, pg_monitor;
+COMMENT ON FUNCTION idem_metrics() IS
+'Health snapshot computed now, one row per scope: retained, completed, in flight, oldest in flight, expired leases, awaiting retry, dead letters; and for the database: partitions, premade_ahead, the maintenance rounds (needs the library preloaded), worker_running. Reads every retained record.';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/partitions.rs:25
+-- idempotency::api::partitions::idempotency::premake_partitions
+CREATE  FUNCTION idempotency."premake_partitions"(
+	"as_of" timestamp with time zone DEFAULT now() /* Option < TimestampWithTimeZone > */
+) RETURNS INT /* i32 */
+VOLATILE PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'premake_partitions_wrapper';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/partitions.rs:15
+-- requires:
+--   premake_partitions
+
+
+COMMENT ON FUNCTION idempotency.premake_partitions(timestamptz) IS
+'Creates the missing partitions of idempotency.records from as_of to idempotency.premake intervals ahead; returns how many.';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/partitions.rs:43
+-- idempotency::api::partitions::idempotency::seal_partition
+CREATE  FUNCTION idempotency."seal_partition"(
+	"part" oid /* Option < pg_sys :: Oid > */
+) RETURNS bool /* bool */
+VOLATILE PARALLEL UNSAFE
+SET search_path TO pg_catalog, pg_temp
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'seal_partition_wrapper';
+/* </end connected objects> */
+
+/* <begin connected objects> */
+-- src/api/partitions.rs:33
+-- requires:
+--   seal_partition
+
+
+COMMENT ON FUNCTION idempotency.seal_partition(oid) IS
+'Seals a partition of idempotency.records (an oid: pass ''idempotency.records_p...''::regclass) now and builds its membership filter (maintenance seals past partitions by itself). Waits for the partition''s writers within lock_timeout. Sealing the partition of the present moves new keys to the next one. False if it was sealed already.';
 /* </end connected objects> */
 
 /* <begin connected objects> */

@@ -1,8 +1,7 @@
 //! The batch calls: `idem_claim_batch`, `idem_complete_batch` and `idem_once_batch`, one call per
 //! broker poll. A batch locks its keys in sorted order (so two batches never deadlock on each other),
-//! reads them with one prober, and writes its new keys' rows together; a batch larger than the key locks
-//! its transaction may keep holds its keys in the table of held keys instead, or, when that table is full,
-//! goes a group of keys at a time (see [`distinct`]).
+//! reads them with one prober, and writes its new keys' rows with the row writer; a batch larger than the
+//! key locks its transaction may keep does so a group at a time (see `groups`).
 use super::call::Call;
 use super::claim::{claim_existing, count_answer, new_lease, Claim, Outcome};
 use super::deferred;
@@ -36,20 +35,20 @@ static COMPLETE_MANY: Stmt = Stmt {
     args: &[pg_sys::TEXTOID, pg_sys::TEXTARRAYOID, pg_sys::JSONBARRAYOID, pg_sys::TEXTARRAYOID],
 };
 
-/// The distinct keys of a batch, sorted, and whether the transaction gives back the key locks of each call:
-/// when it may not keep that many key locks (see `keylock::budget`). The batch then takes its keys a group at
-/// a time ([`Call::lock_and_find_some`]): all of them, each held in the table of held keys, when the table has
-/// room, else groups of what is left of the budget, so that a batch of any size holds a bounded number of
-/// lock-table entries.
-fn distinct<'a>(keys: &[&'a str]) -> (Vec<&'a str>, bool) {
+/// The distinct keys of a batch, sorted, in the groups it takes at a time, and whether each group's locks
+/// are given back once its rows are written: one group kept until the transaction ends when the
+/// transaction may keep that many key locks (see `keylock::budget`); else groups of what is left of the budget, so that a
+/// batch of any size holds a bounded number of lock-table entries.
+fn groups<'a>(keys: &[&'a str]) -> (Vec<Vec<&'a str>>, bool) {
     let mut distinct = keys.to_vec();
     distinct.sort_unstable();
     distinct.dedup();
     if keylock::may_keep(distinct.len()) {
-        return (distinct, false);
+        return (vec![distinct], false);
     }
+    let size = keylock::room();
     keylock::give_back_from_now_on();
-    (distinct, true)
+    (distinct.chunks(size).map(<[&str]>::to_vec).collect(), true)
 }
 
 /// Claims several keys of one scope in one go. Returns one claim per input key, in input
@@ -58,14 +57,12 @@ fn distinct<'a>(keys: &[&'a str]) -> (Vec<&'a str>, bool) {
 pub fn claim_batch(scope: &str, keys: &[&str], ttl: Interval) -> Vec<Claim> {
     Call::run(scope, |call| {
         partitions::ensure_covered(call.conn(), xact::start_time());
-        let (distinct, _) = distinct(keys);
+        let (groups, _) = groups(keys);
         let mut answers: HashMap<&str, Claim> = HashMap::with_capacity(keys.len());
-        let mut rest = &distinct[..];
-        while !rest.is_empty() {
+        for group in &groups {
             let (locks, mut found) =
-                call.lock_and_find_some(scope, rest, |key, t| Record::from_tuple(t, Key { scope, key }));
-            rest = &rest[locks.len()..];
-            let missing = locks.len() - found.len();
+                call.lock_and_find_all(scope, group, |key, t| Record::from_tuple(t, Key { scope, key }));
+            let missing = group.iter().filter(|key| !found.contains_key(*key)).count();
             // As a single claim: each new key's row is written once its fate is known (see `deferred`),
             // while the transaction keeps the locks.
             let target = (missing > 0).then(|| partitions::insert_target(call.conn(), xact::start_time()));
@@ -120,19 +117,16 @@ pub fn complete_batch(scope: &str, keys: &[&str], payloads: Option<&Documents>, 
                 return done;
             }
         }
-        let (distinct, give_back) = distinct(keys);
+        let (groups, give_back) = groups(keys);
         let mut done = 0;
-        let mut rest = &distinct[..];
-        while !rest.is_empty() {
+        for group in &groups {
             let (locks, mut found) =
-                call.lock_and_find_some(scope, rest, |key, t| Record::from_tuple(t, Key { scope, key }));
-            let group = &rest[..locks.len()];
-            rest = &rest[locks.len()..];
+                call.lock_and_find_all(scope, group, |key, t| Record::from_tuple(t, Key { scope, key }));
             for (key, token) in keys.iter().zip(tokens).filter(|(key, _)| group.binary_search(key).is_ok()) {
                 check_held(Key { scope, key }, found.remove(*key), *token);
             }
             // (An ERROR of a later group undoes what the earlier ones wrote, with the statement.)
-            let only = give_back.then(|| arg(group.to_vec()));
+            let only = give_back.then(|| arg(group.clone()));
             let args = [arg(scope), arg(keys.to_vec()), payloads, only.flatten()];
             done += call.conn().run(&COMPLETE_MANY, &args, Snap::Statement).len();
             for (_, lock) in locks {
@@ -187,13 +181,11 @@ fn complete_own(
 pub fn once_batch(scope: &str, keys: &[&str]) -> Vec<String> {
     Call::run(scope, |call| {
         partitions::ensure_covered(call.conn(), xact::start_time());
-        let (distinct, _) = distinct(keys);
+        let (groups, _) = groups(keys);
         let mut fresh = HashSet::new();
         let mut seen = HashMap::new();
-        let mut rest = &distinct[..];
-        while !rest.is_empty() {
-            let (locks, found) = call.lock_and_find_some(scope, rest, |_, t| once_answer(t));
-            rest = &rest[locks.len()..];
+        for group in &groups {
+            let (locks, found) = call.lock_and_find_all(scope, group, |_, t| once_answer(t));
             let mut new = Vec::new();
             for (key, lock) in locks {
                 match found.get(key) {

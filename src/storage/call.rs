@@ -93,58 +93,46 @@ impl Call {
         self.lock_and_find(k, wait, |t| Record::from_tuple(t, k))
     }
 
-    /// [`Call::lock_and_find`] of distinct keys of one scope, sorted (so that two batches never deadlock on
-    /// each other), from the start of `sorted`: the keys it took (a prefix of `sorted`) with their locks, in
-    /// that order, and what `read` made of the records found. Within the transaction's key-lock budget it
-    /// takes every key. Past it (`keylock::giving_back`), it holds each key in the table of held keys and
-    /// gives its lock back as it goes (see `pg::holds`), and stops once it keeps as many locks as the budget
-    /// has room for, for keys the table had no room for; the caller then calls it again for the rest.
-    pub fn lock_and_find_some<'a, T>(
+    /// [`Call::lock_and_find`] of several distinct keys of one scope, sorted (so that two batches never
+    /// deadlock on each other): their locks, in that order, and what `read` made of the records found.
+    pub fn lock_and_find_all<'a, T>(
         &self,
         scope: &str,
         sorted: &[&'a str],
         read: impl Fn(&'a str, &Tuple) -> T,
     ) -> (Vec<(&'a str, KeyLock)>, HashMap<&'a str, T>) {
         for _ in 0..LOOKS {
-            let giving_back = keylock::giving_back();
-            let room = keylock::room();
-            let mut locks: Vec<(&str, KeyLock)> = Vec::with_capacity(sorted.len());
-            let mut kept = 0;
+            let locks: Vec<(&str, KeyLock)> = sorted
+                .iter()
+                .map(|&key| (key, keylock::lock_key(scope, key, true).expect("waited for the lock")))
+                .collect();
+            if let Some(holder) = locks.iter().find_map(|(_, lock)| lock.held_elsewhere()) {
+                for (_, lock) in locks {
+                    lock.give_back();
+                }
+                keylock::wait_for_writer(scope, holder);
+                continue;
+            }
+            // Only these keys' remembered claims are written: the batch's earlier groups stay unwritten.
+            for &key in sorted {
+                deferred::write_key(&self.conn, Key { scope, key });
+            }
+            let mut prober = Prober::open(scope);
+            let mut found = HashMap::with_capacity(sorted.len());
             let mut busy = None;
             for &key in sorted {
-                if giving_back && kept == room {
-                    break;
-                }
-                let lock = keylock::lock_key(scope, key, true).expect("waited for the lock");
-                if let Some(holder) = lock.held_elsewhere() {
-                    lock.give_back();
-                    busy = Some(Some(holder));
-                    break;
-                }
-                let lock = if giving_back { lock.hold_instead() } else { lock };
-                kept += lock.takes_a_lock() as usize;
-                locks.push((key, lock));
-            }
-            let mut found = HashMap::with_capacity(locks.len());
-            if busy.is_none() {
-                // Only these keys' remembered claims are written: the batch's earlier keys stay unwritten.
-                for (key, _) in &locks {
-                    deferred::write_key(&self.conn, Key { scope, key });
-                }
-                let mut prober = Prober::open(scope);
-                for (key, _) in &locks {
-                    match prober.find_settled(key, |t| read(key, t)) {
-                        Probe::Found(value) => {
-                            found.insert(*key, value);
-                        }
-                        Probe::Missing => {}
-                        Probe::Busy(writer) => {
-                            busy = Some(writer);
-                            break;
-                        }
+                match prober.find_settled(key, |t| read(key, t)) {
+                    Probe::Found(value) => {
+                        found.insert(key, value);
+                    }
+                    Probe::Missing => {}
+                    Probe::Busy(writer) => {
+                        busy = Some(writer);
+                        break;
                     }
                 }
             }
+            drop(prober);
             let Some(writer) = busy else {
                 return (locks, found);
             };

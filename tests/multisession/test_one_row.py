@@ -231,3 +231,34 @@ def test_batch_complete_of_keys_claimed_earlier_updates_them(cluster):
                          ([k for k, _ in rows], scope, [t for _, t in rows])).fetchone()[0]
         assert done == 2 and writes(c) == (0, 2)
         c.execute("COMMIT")
+
+
+def test_a_held_key_goes_with_its_subtransaction(cluster):
+    """Past the budget a claim holds its key in the table of held keys, under the xid of the subtransaction
+    that claimed it: a session waiting for the key wakes when that subtransaction rolls back, while the
+    outer transaction is still open (as it would for a key lock the subtransaction took), and claims it."""
+    scope = new_scope("held-savepoint")
+    with cluster.connect() as c, cluster.connect() as other:
+        c.execute("BEGIN")
+        c.execute("SET LOCAL idempotency.key_locks_per_transaction = 1")
+        c.execute("SELECT idem_claim('pad', scope => %s)", (scope,))  # the one lock it keeps
+        c.execute("SAVEPOINT message")
+        assert c.execute("SELECT outcome FROM idem_claim('k', scope => %s)", (scope,)).fetchone()[0] == "claimed"
+        assert c.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 18756 "
+                         "AND pid = pg_backend_pid()").fetchone()[0] == 1, "k is held, not locked"
+        other_pid = other.execute("SELECT pg_backend_pid()").fetchone()[0]
+        got = []
+        waiter = threading.Thread(target=lambda: got.append(
+            other.execute("SELECT outcome FROM idem_claim('k', scope => %s)", (scope,)).fetchone()[0]))
+        waiter.start()
+        with cluster.connect() as watch:
+            # Until the other session waits for c's subtransaction (a transactionid lock it has not got).
+            while not watch.execute("SELECT EXISTS (SELECT FROM pg_locks WHERE pid = %s AND locktype = "
+                                    "'transactionid' AND NOT granted)", (other_pid,)).fetchone()[0]:
+                assert waiter.is_alive(), got
+        c.execute("ROLLBACK TO SAVEPOINT message")
+        waiter.join(timeout=60)
+        still_open = c.execute("SELECT txid_current_if_assigned() IS NOT NULL").fetchone()[0]
+        assert not waiter.is_alive(), "the other session still waits for the outer transaction"
+        assert got == ["claimed"] and still_open
+        c.execute("COMMIT")

@@ -127,10 +127,12 @@ static UNINDEXED: Stmt = Stmt {
             FROM pg_catalog.pg_partition_tree('idempotency.records') t
             JOIN pg_catalog.pg_class c ON c.oid = t.relid
            WHERE t.isleaf
-             AND (SELECT count(*) FROM pg_catalog.pg_class ic JOIN pg_catalog.pg_index i ON i.indexrelid = ic.oid
-                   WHERE i.indrelid = t.relid
-                     AND ic.relname IN (c.relname || '_key_scope_idx', c.relname || '_scope_key_idx',
-                                        c.relname || '_expires_at_idx')) < 2",
+             AND NOT (EXISTS (SELECT FROM pg_catalog.pg_class ic JOIN pg_catalog.pg_index i ON i.indexrelid = ic.oid
+                               WHERE i.indrelid = t.relid AND ic.relname = c.relname || '_expires_at_idx')
+                  -- the lookup index of 0.7.0, or of 0.6.0 until the update
+                  AND EXISTS (SELECT FROM pg_catalog.pg_class ic JOIN pg_catalog.pg_index i ON i.indexrelid = ic.oid
+                               WHERE i.indrelid = t.relid
+                                 AND ic.relname IN (c.relname || '_key_scope_idx', c.relname || '_scope_key_idx')))",
     args: &[],
 };
 

@@ -48,9 +48,9 @@ static mut PREV_REQUEST_HOOK: pg_sys::shmem_request_hook_type = None;
 static mut PREV_STARTUP_HOOK: pg_sys::shmem_startup_hook_type = None;
 
 thread_local! {
-    /// The keys this transaction holds here, with the subtransaction that took each, and its xid.
-    static MINE: RefCell<(pg_sys::TransactionId, HashMap<u64, pg_sys::SubTransactionId>)> =
-        RefCell::new((pg_sys::InvalidTransactionId, HashMap::new()));
+    /// The keys this transaction holds here: the subtransaction that took each, and the xid its entry names.
+    static MINE: RefCell<HashMap<u64, (pg_sys::SubTransactionId, pg_sys::TransactionId)>> =
+        RefCell::new(HashMap::new());
 }
 
 /// The keys a shard holds at most, for `keys` in all (`idempotency.held_keys`).
@@ -197,6 +197,25 @@ impl Slots<'_> {
         true
     }
 
+    fn full(&self) -> bool {
+        *self.count >= self.limit
+    }
+
+    /// Drops every entry whose transaction `running` says has ended (one pass; an entry that a removal
+    /// moves into a slot already passed may stay until the next).
+    fn evict(&mut self, running: impl Fn(u32) -> bool) {
+        let (mut i, mut passed) = (0, 0);
+        while passed < self.slots.len() {
+            if self.slots[i].xid != 0 && !running(self.slots[i].xid) {
+                // Slot i now holds the next entry of its run, if any: look at it again.
+                self.remove(i);
+            } else {
+                i = self.next(i);
+                passed += 1;
+            }
+        }
+    }
+
     /// Frees slot `i` and moves later slots of its run back, so that every search still finds them.
     fn remove(&mut self, mut i: usize) {
         let mut j = i;
@@ -240,31 +259,47 @@ pub enum Hold {
     NoRoom,
 }
 
-/// Records that this transaction holds the key of lock hash `hash` until it ends. The caller holds the
-/// key's lock.
+/// Records that this transaction holds the key of lock hash `hash` until it ends (or the subtransaction
+/// that calls rolls back). The caller holds the key's lock. The entry names the xid of the current
+/// subtransaction, so that a transaction waiting for the key wakes when that subtransaction rolls back
+/// (`XactLockTableWait` follows a committed subtransaction up to its parent).
 pub fn hold(hash: u64) -> Hold {
     let db = database();
-    // SAFETY: inside a transaction that writes (it holds a key's lock to write it): assigns its xid if
-    // it has none yet, as its first write would.
-    let xid = unsafe { pg_sys::GetTopTransactionId() };
+    // SAFETY: inside a transaction that writes (it holds a key's lock to write it): assigns its xid (and
+    // its parents') if it has none yet, as its first write would.
+    let xid = unsafe { pg_sys::GetCurrentTransactionId() };
     let Some(mut shard) = Shard::lock(hash, db, pg_sys::LWLockMode::LW_EXCLUSIVE) else {
         return Hold::NoRoom;
     };
     let table = &mut shard.table;
-    match table.find(hash, db) {
-        Ok(i) if table.slots[i].xid == xid.into_inner() => return Hold::HadIt,
-        // Left by a transaction that has ended (its end callback is yet to run): ours now. (A running
-        // holder cannot be here: the caller looked for one after taking the key's lock. Should one be,
-        // the caller keeps the lock or writes its row at once instead.)
+    let found = table.find(hash, db);
+    if let Ok(i) = found {
+        let other = pg_sys::TransactionId::from(table.slots[i].xid);
+        // SAFETY: reads the backend's transaction state.
+        if unsafe { pg_sys::TransactionIdIsCurrentTransactionId(other) } {
+            return Hold::HadIt;
+        }
+    }
+    let running = |xid: u32| {
+        // SAFETY: reads the proc array (its own LWLock, never held while taking a shard's).
+        unsafe { pg_sys::TransactionIdIsInProgress(pg_sys::TransactionId::from(xid)) }
+    };
+    match found {
+        // Left by a transaction that has ended (its end callback is yet to run, or it was prepared and
+        // has been committed since): ours now. (A running holder cannot be here: the caller looked for one
+        // after taking the key's lock. Should one be, the caller writes its row at once instead.)
         Ok(i) => {
-            let other = pg_sys::TransactionId::from(table.slots[i].xid);
-            // SAFETY: reads the proc array (its own LWLock, never held while taking a shard's).
-            if unsafe { pg_sys::TransactionIdIsInProgress(other) } {
+            if running(table.slots[i].xid) {
                 return Hold::NoRoom;
             }
             table.slots[i].xid = xid.into_inner();
         }
-        Err(free) => {
+        Err(mut free) => {
+            if table.full() {
+                // Make room by dropping entries of transactions that have ended, if any.
+                table.evict(running);
+                free = table.find(hash, db).expect_err("the key is not held");
+            }
             if !table.insert(free, Slot { hash, db, xid: xid.into_inner() }) {
                 return Hold::NoRoom;
             }
@@ -273,20 +308,8 @@ pub fn hold(hash: u64) -> Hold {
     drop(shard);
     // SAFETY: reads the current subtransaction's id from the backend's transaction state.
     let sub = unsafe { pg_sys::GetCurrentSubTransactionId() };
-    MINE.with_borrow_mut(|(mine_xid, keys)| {
-        *mine_xid = xid;
-        keys.insert(hash, sub);
-    });
+    MINE.with_borrow_mut(|keys| keys.insert(hash, (sub, xid)));
     Hold::Took
-}
-
-/// Gives back a key this call took ([`Hold::Took`]) and only read: other transactions need not wait for
-/// this one to end.
-pub fn release(hash: u64) {
-    let mine = MINE.with_borrow_mut(|(xid, keys)| keys.remove(&hash).map(|_| *xid));
-    if let Some(xid) = mine {
-        drop_entry(hash, database(), xid);
-    }
 }
 
 fn drop_entry(hash: u64, db: u32, xid: pg_sys::TransactionId) {
@@ -318,13 +341,13 @@ pub fn holder(hash: u64) -> Option<pg_sys::TransactionId> {
 
 /// Drops this transaction's entries that `keep` refuses.
 fn release_all(keep: impl Fn(pg_sys::SubTransactionId) -> bool) {
-    MINE.with_borrow_mut(|(xid, keys)| {
+    MINE.with_borrow_mut(|keys| {
         let db = database();
-        keys.retain(|&hash, &mut sub| {
+        keys.retain(|&hash, &mut (sub, xid)| {
             if keep(sub) {
                 return true;
             }
-            drop_entry(hash, db, *xid);
+            drop_entry(hash, db, xid);
             false
         });
     });
@@ -333,10 +356,12 @@ fn release_all(keep: impl Fn(pg_sys::SubTransactionId) -> bool) {
 #[pgrx::pg_guard]
 unsafe extern "C-unwind" fn at_transaction_end(event: pg_sys::XactEvent::Type, _arg: *mut std::ffi::c_void) {
     use pg_sys::XactEvent::*;
-    if matches!(event, XACT_EVENT_COMMIT | XACT_EVENT_ABORT | XACT_EVENT_PREPARE)
-        && MINE.with_borrow(|(_, keys)| !keys.is_empty())
-    {
-        release_all(|_| false);
+    match event {
+        XACT_EVENT_COMMIT | XACT_EVENT_ABORT => release_all(|_| false),
+        // The prepared transaction keeps its keys: its entries name its xid, which stays in progress until
+        // COMMIT or ROLLBACK PREPARED; then they count for nothing, and a full shard drops them.
+        XACT_EVENT_PREPARE => MINE.with_borrow_mut(|keys| keys.clear()),
+        _ => {}
     }
 }
 
@@ -348,14 +373,14 @@ unsafe extern "C-unwind" fn at_subtransaction_end(
     _arg: *mut std::ffi::c_void,
 ) {
     use pg_sys::SubXactEvent::*;
-    if MINE.with_borrow(|(_, keys)| keys.is_empty()) {
+    if MINE.with_borrow(|keys| keys.is_empty()) {
         return;
     }
     match event {
         // Its keys go with it, as its key locks do.
         SUBXACT_EVENT_ABORT_SUB => release_all(|made_in| made_in != sub),
-        SUBXACT_EVENT_COMMIT_SUB => MINE.with_borrow_mut(|(_, keys)| {
-            for made_in in keys.values_mut().filter(|made_in| **made_in == sub) {
+        SUBXACT_EVENT_COMMIT_SUB => MINE.with_borrow_mut(|keys| {
+            for (made_in, _) in keys.values_mut().filter(|(made_in, _)| *made_in == sub) {
                 *made_in = parent;
             }
         }),
@@ -375,6 +400,7 @@ mod tests {
         let mut count = 0;
         let mut table = Slots { slots: &mut slots, count: &mut count, limit: 9 };
         let mut held = std::collections::HashMap::new();
+        let mut evictions = 0;
         let mut seed = 0x2545_f491_4f6c_dd1du64;
         for step in 0..20_000u32 {
             seed ^= seed << 13;
@@ -400,6 +426,15 @@ mod tests {
                 let i = table.find(h, d).expect("a held key is found");
                 assert_eq!(table.slots[i].xid, xid);
             }
+            // Now and then, the transactions of odd xids end and a full table drops their entries.
+            if step % 97 == 0 && table.full() {
+                table.evict(|xid| xid % 2 == 0);
+                evictions += 1;
+                held.retain(|_, xid| *xid % 2 == 0);
+                assert_eq!(*table.count as usize, held.len(), "step {step}");
+                assert!(table.slots.iter().all(|s| s.xid % 2 == 0), "step {step}: an ended entry stayed");
+            }
         }
+        assert!(evictions > 10, "the table was full {evictions} times when checked");
     }
 }

@@ -123,18 +123,8 @@ fn acquire(hash: u64, namespace: u16, wait: bool) -> pg_sys::LockAcquireResult::
 /// A key's lock, held by this transaction.
 pub struct KeyLock {
     hash: u64,
-    how: How,
-}
-
-/// How a [`KeyLock`] keeps other writers out.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum How {
-    /// Its lock, taken by this call.
-    Taken,
-    /// Held by the transaction before this call: its lock, or its entry in the table of held keys.
-    Kept,
-    /// Its entry in the table of held keys, made by this call (which gave the lock back).
-    Held,
+    /// Taken by this call, rather than held already by an earlier call of the transaction.
+    fresh: bool,
 }
 
 impl KeyLock {
@@ -146,13 +136,16 @@ impl KeyLock {
         self.give_back();
     }
 
-    /// Gives the lock (or the held key) back when this call took it, before waiting for another
-    /// transaction's unfinished write of the key (that transaction may be waiting for this lock).
+    /// Gives the lock back when this call took it, before waiting for another transaction's unfinished
+    /// write of the key (that transaction may be waiting for this lock).
     pub fn give_back(self) {
-        match self.how {
-            How::Taken => release_lock(self.hash),
-            How::Held => holds::release(self.hash),
-            How::Kept => {}
+        if self.fresh {
+            // SAFETY: releases the lock this call acquired (`fresh`), with the same tag and mode; a lock
+            // the transaction held before is never released here.
+            unsafe {
+                pg_sys::LockRelease(&tag(self.hash, LOCK_NAMESPACE), pg_sys::ExclusiveLock as i32, false)
+            };
+            HELD.set(HELD.get().saturating_sub(1));
         }
     }
 
@@ -164,66 +157,35 @@ impl KeyLock {
 
     /// This call took the lock past the transaction's [`budget`].
     fn past_budget(&self) -> bool {
-        self.how == How::Taken && (GIVING_BACK.get() || HELD.get() > budget())
-    }
-
-    /// For a batch past the budget, once [`KeyLock::held_elsewhere`] found no other holder: the key held in
-    /// the table of held keys instead of by its lock, which is given back, so that the batch can go on
-    /// taking keys without filling the lock table. Keeps the lock when the table has no room.
-    pub fn hold_instead(self) -> KeyLock {
-        if self.how != How::Taken {
-            return self;
-        }
-        match holds::hold(self.hash) {
-            Hold::Took => {
-                release_lock(self.hash);
-                KeyLock { how: How::Held, ..self }
-            }
-            Hold::HadIt => {
-                release_lock(self.hash);
-                KeyLock { how: How::Kept, ..self }
-            }
-            Hold::NoRoom => self,
-        }
-    }
-
-    /// Whether the key is kept by its lock, taken by this call (rather than held in the table).
-    pub fn takes_a_lock(&self) -> bool {
-        self.how == How::Taken
+        self.fresh && (GIVING_BACK.get() || HELD.get() > budget())
     }
 
     /// The call wrote or claimed the key (or deleted its row): the lock is kept until the transaction ends
     /// while the transaction is within its [`budget`]. Past it, the key is held in the shared table
     /// (`holds`) and its lock given back; when the table has no room, the uncommitted row stands in for
-    /// the lock (see `unlocked`), unless the transaction made the partition of its rows (which others
-    /// cannot see yet: it keeps the lock).
+    /// the lock (see `unlocked`). A transaction that made the partition of its rows keeps its locks.
     pub fn written(self) {
         if !self.past_budget() {
             return;
         }
         GIVING_BACK.set(true);
-        if holds::hold(self.hash) != Hold::NoRoom {
-            release_lock(self.hash);
-        } else if !KEEP_ALL.get() {
-            unlocked::enter();
-            release_lock(self.hash);
+        // A transaction that made its partition keeps its locks: a held key becomes a row at PREPARE
+        // TRANSACTION, in a partition other sessions cannot see until COMMIT PREPARED.
+        if KEEP_ALL.get() {
+            return;
         }
+        if holds::hold(self.hash) == Hold::NoRoom {
+            unlocked::enter();
+        }
+        self.give_back();
     }
 
     /// Whether the key's claim may stay unwritten until the transaction ends (see `deferred`): something
     /// must keep other writers out until then, a lock kept or, past the budget, the key held in the shared
     /// table (taken here, given back with the transaction or its subtransaction).
     pub fn may_defer(&self) -> bool {
-        !self.past_budget() || holds::hold(self.hash) != Hold::NoRoom || KEEP_ALL.get()
+        !self.past_budget() || KEEP_ALL.get() || holds::hold(self.hash) != Hold::NoRoom
     }
-}
-
-/// Releases a key lock this call took.
-fn release_lock(hash: u64) {
-    // SAFETY: releases a lock this call acquired (`How::Taken`), with the same tag and mode; a lock the
-    // transaction held before is never released here.
-    unsafe { pg_sys::LockRelease(&tag(hash, LOCK_NAMESPACE), pg_sys::ExclusiveLock as i32, false) };
-    HELD.set(HELD.get().saturating_sub(1));
 }
 
 /// Locks `(scope, key)` until the end of the transaction. With `wait = false` returns None at
@@ -250,9 +212,9 @@ pub fn lock_key(scope: &str, key: &str, wait: bool) -> Option<KeyLock> {
         pg_sys::LockAcquireResult::LOCKACQUIRE_NOT_AVAIL => None,
         pg_sys::LockAcquireResult::LOCKACQUIRE_OK => {
             HELD.set(HELD.get() + 1);
-            Some(KeyLock { hash, how: How::Taken })
+            Some(KeyLock { hash, fresh: true })
         }
-        _ => Some(KeyLock { hash, how: How::Kept }),
+        _ => Some(KeyLock { hash, fresh: false }),
     }
 }
 

@@ -83,13 +83,13 @@ unsafe fn layout(part: pg_sys::Relation) -> Layout {
         let candidate = (*(*list).elements.add(i as usize)).oid_value;
         let rel = pg_sys::index_open(candidate, pg_sys::AccessShareLock as i32);
         let form = (*rel).rd_index;
-        let leading = (*form).indkey.values.as_slice(2);
+        // (The first two key columns, read only when the index has two: `indkey` has `indnatts` entries.)
+        let leading = ((*form).indnkeyatts >= 2).then(|| (*form).indkey.values.as_slice(2));
         let usable = (*(*rel).rd_rel).relam == pg_sys::BTREE_AM_OID
             && (*form).indisvalid
-            && (*form).indnkeyatts >= 2
-            && (leading == [scope_col, key_col] || leading == [key_col, scope_col])
+            && (leading == Some(&[scope_col, key_col][..]) || leading == Some(&[key_col, scope_col][..]))
             && pg_sys::RelationGetIndexPredicate(rel).is_null();
-        key_first = leading == [key_col, scope_col];
+        key_first = leading == Some(&[key_col, scope_col][..]);
         pg_sys::index_close(rel, pg_sys::NoLock as i32);
         if usable {
             index = candidate;
