@@ -238,7 +238,7 @@ static STATS_MAX_SCOPES: Int = Int {
 static HELD_KEYS: Int = Int {
     name: c"idempotency.held_keys",
     short: c"Keys the cluster's transactions may hold past their key-lock budget without lock-table entries.",
-    long: c"A transaction past idempotency.key_locks_per_transaction holds each further key in a shared table of its own (16 bytes a key) instead of the lock table, and still writes a claim made and completed in one transaction once. When the table is full, the claim is written at once and its uncommitted row keeps other writers out. 0 turns the table off. Sizes shared memory; needs shared_preload_libraries.",
+    long: c"A transaction past idempotency.key_locks_per_transaction holds each further key in a shared table of its own (about 21 bytes a key) instead of the lock table, and still writes a claim made and completed in one transaction once. When the table is full, the claim is written at once and its uncommitted row keeps other writers out. 0 turns the table off. Sizes shared memory; needs shared_preload_libraries.",
     value: GucSetting::<i32>::new(65_536),
     min: 0,
     max: 16_777_216,

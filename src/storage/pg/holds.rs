@@ -3,7 +3,7 @@
 //! A transaction keeps at most `keylock::budget` key locks, because each one is an entry of PostgreSQL's
 //! shared lock table, which has room for about `max_locks_per_transaction` of them per connection. Past the
 //! budget, a call records each key it wrote or claimed here, under the key's lock, and then gives the lock
-//! back: a fixed table in shared memory, 16 bytes a key (`idempotency.held_keys` of them), mapping the key
+//! back: a fixed table in shared memory, 16-byte entries (room for `idempotency.held_keys` keys), mapping the key
 //! lock's hash to the top-level transaction id that holds it. Every call that takes a key's lock looks here
 //! next ([`holder`]), before its snapshot: another running transaction's entry makes it give its lock back,
 //! wait for that transaction (`XactLockTableWait`, as a lock wait), and look again. So an entry keeps other
