@@ -61,16 +61,11 @@ impl Call {
     pub fn lock_and_find<T>(&self, k: Key, wait: bool, read: impl Fn(&Tuple) -> T) -> Option<(KeyLock, Option<T>)> {
         for _ in 0..LOOKS {
             let lock = keylock::lock_key(k.scope, k.key, wait)?;
-            if let Some(holder) = lock.held_elsewhere() {
-                lock.give_back();
-                if !wait {
-                    return None;
-                }
-                keylock::wait_for_writer(k.scope, holder);
-                continue;
-            }
             // (The prober ends here: it must not keep its pins and snapshot while this call waits.)
-            let probe = self.prober_for(k).find_settled(k.key, &read);
+            let probe = match lock.held_elsewhere() {
+                Some(holder) => Probe::Busy(Some(holder)),
+                None => self.prober_for(k).find_settled(k.key, &read),
+            };
             match probe {
                 Probe::Found(found) => return Some((lock, Some(found))),
                 Probe::Missing => return Some((lock, None)),
@@ -106,33 +101,28 @@ impl Call {
                 .iter()
                 .map(|&key| (key, keylock::lock_key(scope, key, true).expect("waited for the lock")))
                 .collect();
-            if let Some(holder) = locks.iter().find_map(|(_, lock)| lock.held_elsewhere()) {
-                for (_, lock) in locks {
-                    lock.give_back();
-                }
-                keylock::wait_for_writer(scope, holder);
-                continue;
-            }
-            // Only these keys' remembered claims are written: the batch's earlier groups stay unwritten.
-            for &key in sorted {
-                deferred::write_key(&self.conn, Key { scope, key });
-            }
-            let mut prober = Prober::open(scope);
             let mut found = HashMap::with_capacity(sorted.len());
-            let mut busy = None;
-            for &key in sorted {
-                match prober.find_settled(key, |t| read(key, t)) {
-                    Probe::Found(value) => {
-                        found.insert(key, value);
-                    }
-                    Probe::Missing => {}
-                    Probe::Busy(writer) => {
-                        busy = Some(writer);
-                        break;
+            // Another transaction holding one of the keys without its lock counts as writing it.
+            let mut busy = locks.iter().find_map(|(_, lock)| lock.held_elsewhere()).map(Some);
+            if busy.is_none() {
+                // Only these keys' remembered claims are written: the batch's earlier groups stay unwritten.
+                for &key in sorted {
+                    deferred::write_key(&self.conn, Key { scope, key });
+                }
+                let mut prober = Prober::open(scope);
+                for &key in sorted {
+                    match prober.find_settled(key, |t| read(key, t)) {
+                        Probe::Found(value) => {
+                            found.insert(key, value);
+                        }
+                        Probe::Missing => {}
+                        Probe::Busy(writer) => {
+                            busy = Some(writer);
+                            break;
+                        }
                     }
                 }
             }
-            drop(prober);
             let Some(writer) = busy else {
                 return (locks, found);
             };

@@ -7,7 +7,7 @@
 //! conflict checks, WAL and statistics; `ExecInsertIndexTuples` fills every index of the partition,
 //! expression and partial ones included, and raises a unique violation as the INSERT would. A
 //! partition with triggers, CHECK constraints, generated columns, row security or columns beyond the
-//! record's (a DBA's additions) is left to the SPI statement: [`insert`] then answers false. So is a
+//! record's (a DBA's additions) is left to the SPI statement: [`insert_all`] then answers false. So is a
 //! row whose `created_at` lies outside the partition's range as its catalog entry holds it: the
 //! executor's partition check then refuses it with PostgreSQL's own error, where a direct insert would
 //! have put it where no lookup by time finds it.
@@ -96,16 +96,11 @@ unsafe fn layout(rel: pg_sys::Relation) -> Layout {
     layout
 }
 
-/// Inserts `row` into `partition` and returns true, or returns false (nothing done) when the
-/// partition needs the executor's INSERT (see the module's comment). The caller holds the key's
-/// lock and has locked the partition (RowExclusiveLock), whose range holds `row.created_at`.
-pub fn insert(partition: pg_sys::Oid, row: &Row) -> bool {
-    insert_all(partition, std::slice::from_ref(row))
-}
-
-/// [`insert`] of several rows: one heap write for all of them, as COPY makes (a WAL record per page
-/// rather than per row), then their index entries; the partition and its indexes are opened once.
-/// False (nothing done) when the partition needs the executor's INSERT or a row lies outside its range.
+/// Inserts `rows`, of distinct keys, into `partition` and returns true: one heap write for all of them, as
+/// COPY makes (a WAL record per page rather than per row), then their index entries, the partition and its
+/// indexes opened once. Returns false (nothing done) when the partition needs the executor's INSERT (see the
+/// module's comment) or a row lies outside its range. The caller holds the keys' locks and has locked the
+/// partition (RowExclusiveLock).
 pub fn insert_all(partition: pg_sys::Oid, rows: &[Row]) -> bool {
     if rows.is_empty() {
         return true;

@@ -4,16 +4,17 @@
 //! shared lock table, which has room for about `max_locks_per_transaction` of them per connection. Past the
 //! budget, a call records each key it wrote or claimed here, under the key's lock, and then gives the lock
 //! back: a fixed table in shared memory, 16-byte entries (room for `idempotency.held_keys` keys), mapping the key
-//! lock's hash to the top-level transaction id that holds it. Every call that takes a key's lock looks here
+//! lock's hash to the transaction id that holds it (its subtransaction's, when it has one). Every call that takes a key's lock looks here
 //! next ([`holder`]), before its snapshot: another running transaction's entry makes it give its lock back,
 //! wait for that transaction (`XactLockTableWait`, as a lock wait), and look again. So an entry keeps other
 //! writers out exactly as the lock did, and a claim recorded here may stay unwritten until its fate is known
 //! (one row for a claim completed in its own transaction, see `deferred`).
 //!
-//! Entries go when their transaction ends (COMMIT, ABORT, PREPARE: PostgreSQL runs those callbacks after the
-//! end is visible to new snapshots), or with the subtransaction that made them. An entry whose transaction is
-//! no longer running counts for nothing, so one left by a backend that died is harmless; the postmaster
-//! resets shared memory after a crash anyway. When the table is full, or the library was not preloaded, a
+//! Entries go when their transaction commits or aborts (PostgreSQL runs those callbacks after the end is
+//! visible to new snapshots), or with the subtransaction that made them; a prepared transaction keeps them
+//! until COMMIT or ROLLBACK PREPARED. An entry whose transaction is no longer running counts for nothing (a
+//! full shard drops it), so one left by a backend that died is harmless; the postmaster resets shared
+//! memory after a crash anyway. When the table is full, or the library was not preloaded, a
 //! call falls back to writing its rows at once and letting them keep other writers out (see `unlocked`).
 use pgrx::pg_sys;
 use std::cell::RefCell;
@@ -189,7 +190,7 @@ impl Slots<'_> {
 
     /// Puts a new key into free slot `at` (where [`Slots::find`] ended); false when the shard is full.
     fn insert(&mut self, at: usize, slot: Slot) -> bool {
-        if *self.count >= self.limit {
+        if self.full() {
             return false;
         }
         self.slots[at] = slot;
@@ -248,28 +249,18 @@ fn database() -> u32 {
     unsafe { pg_sys::MyDatabaseId }.to_u32()
 }
 
-/// What [`hold`] did.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum Hold {
-    /// The key is held now, by this call.
-    Took,
-    /// This transaction held it already.
-    HadIt,
-    /// No room (the table is full, or there is no table): not held.
-    NoRoom,
-}
-
 /// Records that this transaction holds the key of lock hash `hash` until it ends (or the subtransaction
-/// that calls rolls back). The caller holds the key's lock. The entry names the xid of the current
+/// that calls rolls back), or finds that it does already. False when there is no room (the table is full,
+/// or there is no table). The caller holds the key's lock. The entry names the xid of the current
 /// subtransaction, so that a transaction waiting for the key wakes when that subtransaction rolls back
 /// (`XactLockTableWait` follows a committed subtransaction up to its parent).
-pub fn hold(hash: u64) -> Hold {
+pub fn hold(hash: u64) -> bool {
     let db = database();
     // SAFETY: inside a transaction that writes (it holds a key's lock to write it): assigns its xid (and
     // its parents') if it has none yet, as its first write would.
     let xid = unsafe { pg_sys::GetCurrentTransactionId() };
     let Some(mut shard) = Shard::lock(hash, db, pg_sys::LWLockMode::LW_EXCLUSIVE) else {
-        return Hold::NoRoom;
+        return false;
     };
     let table = &mut shard.table;
     let found = table.find(hash, db);
@@ -277,7 +268,7 @@ pub fn hold(hash: u64) -> Hold {
         let other = pg_sys::TransactionId::from(table.slots[i].xid);
         // SAFETY: reads the backend's transaction state.
         if unsafe { pg_sys::TransactionIdIsCurrentTransactionId(other) } {
-            return Hold::HadIt;
+            return true;
         }
     }
     let running = |xid: u32| {
@@ -290,7 +281,7 @@ pub fn hold(hash: u64) -> Hold {
         // after taking the key's lock. Should one be, the caller writes its row at once instead.)
         Ok(i) => {
             if running(table.slots[i].xid) {
-                return Hold::NoRoom;
+                return false;
             }
             table.slots[i].xid = xid.into_inner();
         }
@@ -301,7 +292,7 @@ pub fn hold(hash: u64) -> Hold {
                 free = table.find(hash, db).expect_err("the key is not held");
             }
             if !table.insert(free, Slot { hash, db, xid: xid.into_inner() }) {
-                return Hold::NoRoom;
+                return false;
             }
         }
     }
@@ -309,7 +300,7 @@ pub fn hold(hash: u64) -> Hold {
     // SAFETY: reads the current subtransaction's id from the backend's transaction state.
     let sub = unsafe { pg_sys::GetCurrentSubTransactionId() };
     MINE.with_borrow_mut(|keys| keys.insert(hash, (sub, xid)));
-    Hold::Took
+    true
 }
 
 fn drop_entry(hash: u64, db: u32, xid: pg_sys::TransactionId) {

@@ -18,7 +18,7 @@
 //! [`budget`]; past it, a call records the keys it claimed or wrote in a shared table of its own (`holds`)
 //! and gives their locks back ([`KeyLock::written`]). When that table is full, their rows are written at once
 //! and keep other writers out instead (see `unlocked`).
-use super::holds::{self, Hold};
+use super::holds;
 use super::unlocked;
 use crate::stats;
 use pgrx::{pg_sys, PgTryBuilder};
@@ -174,7 +174,7 @@ impl KeyLock {
         if KEEP_ALL.get() {
             return;
         }
-        if holds::hold(self.hash) == Hold::NoRoom {
+        if !holds::hold(self.hash) {
             unlocked::enter();
         }
         self.give_back();
@@ -184,7 +184,7 @@ impl KeyLock {
     /// must keep other writers out until then, a lock kept or, past the budget, the key held in the shared
     /// table (taken here, given back with the transaction or its subtransaction).
     pub fn may_defer(&self) -> bool {
-        !self.past_budget() || KEEP_ALL.get() || holds::hold(self.hash) != Hold::NoRoom
+        !self.past_budget() || KEEP_ALL.get() || holds::hold(self.hash)
     }
 }
 
@@ -195,18 +195,7 @@ pub fn lock_key(scope: &str, key: &str, wait: bool) -> Option<KeyLock> {
     let hash = hash_key(scope, key);
     let mut got = acquire(hash, LOCK_NAMESPACE, false);
     if got == pg_sys::LockAcquireResult::LOCKACQUIRE_NOT_AVAIL && wait {
-        // Busy: wait for it, and count the wait (idempotency.stats), also one that ends in an ERROR
-        // (lock_timeout, deadlock, cancel): it is counted with its time so far, then raised on
-        // unchanged. Counts are published at the transaction's end, an abort included.
-        let started = super::xact::clock();
-        let waited = || (super::xact::clock() - started).max(0) as u64;
-        got = PgTryBuilder::new(|| acquire(hash, LOCK_NAMESPACE, true))
-            .catch_others(|e| {
-                stats::lock_wait(scope, waited());
-                e.rethrow()
-            })
-            .execute();
-        stats::lock_wait(scope, waited());
+        got = counted_wait(scope, || acquire(hash, LOCK_NAMESPACE, true));
     }
     match got {
         pg_sys::LockAcquireResult::LOCKACQUIRE_NOT_AVAIL => None,
@@ -221,21 +210,29 @@ pub fn lock_key(scope: &str, key: &str, wait: bool) -> Option<KeyLock> {
 /// Waits until transaction `xid`, which has an unfinished write of a key of `scope`, ends; counted as a
 /// wait for the key's lock (an ERROR on the way, lock_timeout or a cancel, counted with its time so far).
 pub fn wait_for_writer(scope: &str, xid: pg_sys::TransactionId) {
-    let started = super::xact::clock();
-    let waited = || (super::xact::clock() - started).max(0) as u64;
-    PgTryBuilder::new(|| {
+    counted_wait(scope, || {
         // SAFETY: waits on the transaction's lock as PostgreSQL's own unique checks do; no relation or
         // tuple is named (they only label the wait in error contexts).
         unsafe {
             pg_sys::XactLockTableWait(xid, std::ptr::null_mut(), std::ptr::null_mut(), pg_sys::XLTW_Oper::XLTW_None)
         }
-    })
-    .catch_others(|e| {
-        stats::lock_wait(scope, waited());
-        e.rethrow()
-    })
-    .execute();
+    });
+}
+
+/// Runs `wait`, a wait for a key of `scope`, and counts it (idempotency.stats), also one that ends in an
+/// ERROR (lock_timeout, deadlock, cancel): it is counted with its time so far, then raised on unchanged.
+/// Counts are published at the transaction's end, an abort included.
+fn counted_wait<T>(scope: &str, wait: impl FnOnce() -> T + std::panic::UnwindSafe) -> T {
+    let started = super::xact::clock();
+    let waited = || (super::xact::clock() - started).max(0) as u64;
+    let got = PgTryBuilder::new(wait)
+        .catch_others(|e| {
+            stats::lock_wait(scope, waited());
+            e.rethrow()
+        })
+        .execute();
     stats::lock_wait(scope, waited());
+    got
 }
 
 /// `_PG_init`: the callback that forgets the count of held locks when a transaction ends.

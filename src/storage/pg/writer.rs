@@ -28,9 +28,7 @@ static INSERT_ROW: Stmt = Stmt {
 /// Writes `row` into `partition` (or into the record table itself, which routes it). The caller holds
 /// the key's lock and has locked the partition for the insert (`partitions::insert_target`).
 pub fn insert(conn: &Conn, partition: pg_sys::Oid, row: &Row) {
-    if !direct::insert(partition, row) {
-        insert_by_statement(conn, partition, row);
-    }
+    insert_all(conn, partition, std::slice::from_ref(row));
 }
 
 /// [`insert`] of several rows of distinct keys into one partition: written together when the partition
