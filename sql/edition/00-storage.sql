@@ -1,0 +1,129 @@
+-- The SQL edition (docs/managed.md): the storage. The same tables and columns as the native extension's
+-- sql/bootstrap.sql for what is kept (records, offsets, scope grants, the token sequence), so that moving
+-- between the editions copies rows as they are; its own tables for what it manages differently (sealing,
+-- settings). Installed by a non-superuser (the database owner, or pg_tle's pgtle_admin); that role owns
+-- every object here and the SECURITY DEFINER functions run as it. Nothing here is reachable by PUBLIC.
+CREATE SCHEMA idempotency;
+REVOKE ALL ON SCHEMA idempotency FROM PUBLIC;
+
+-- The roles, created when missing (cluster-wide). Needs CREATEROLE, which every managed service's admin
+-- role has.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'idempotency_consumer') THEN
+        CREATE ROLE idempotency_consumer NOLOGIN;
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'idempotency_admin') THEN
+        CREATE ROLE idempotency_admin NOLOGIN;
+    END IF;
+END
+$$;
+GRANT USAGE ON SCHEMA idempotency TO idempotency_admin, pg_monitor;
+
+CREATE SEQUENCE idempotency.token_seq AS bigint CACHE 1;
+
+-- One row per (scope, key), range-partitioned by created_at so that retention drops whole partitions.
+-- Each partition has a UNIQUE index on (key, scope): a new key is inserted with ON CONFLICT DO NOTHING
+-- into the one partition that takes new rows (the oldest unsealed one), so concurrent claims of a key
+-- meet in that index, as a hand-written keys table's claims do, and no key lock is taken.
+CREATE TABLE idempotency.records (
+    scope       text COLLATE "C" NOT NULL,
+    key         text COLLATE "C" NOT NULL,
+    status      text NOT NULL,
+    token       bigint,
+    attempts    integer NOT NULL DEFAULT 1,
+    fingerprint text,
+    payload     jsonb,
+    error       jsonb,
+    created_at  timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    updated_at  timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    expires_at  timestamptz
+) PARTITION BY RANGE (created_at);
+COMMENT ON TABLE idempotency.records IS 'Idempotency records, one per (scope, key), range-partitioned by created_at.';
+
+CREATE TABLE idempotency.offsets (
+    consumer_group text COLLATE "C" NOT NULL,
+    topic          text COLLATE "C" NOT NULL,
+    partition      integer NOT NULL CHECK (partition >= 0),
+    next_offset    bigint NOT NULL CHECK (next_offset >= 0),
+    generation     bigint CHECK (generation >= 0),
+    updated_at     timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    PRIMARY KEY (consumer_group, topic, partition)
+) WITH (fillfactor = 50);
+COMMENT ON TABLE idempotency.offsets IS 'Consumer positions: next offset to read per (consumer_group, topic, partition).';
+
+CREATE TABLE idempotency.scope_grants (
+    role       regrole NOT NULL,
+    kind       text NOT NULL CHECK (kind IN ('scope', 'group')),
+    pattern    text COLLATE "C" NOT NULL CHECK (pattern <> ''),
+    granted_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    PRIMARY KEY (role, kind, pattern)
+);
+GRANT SELECT ON idempotency.scope_grants TO idempotency_admin;
+COMMENT ON TABLE idempotency.scope_grants IS
+'Which roles may call with which scopes and consumer groups (idem_grant_scope, idem_grant_group). Enforced once a kind has a grant, or always with require_scope_grants.';
+
+-- Sealed partitions: past partitions that take no new row (updates of their rows go on). New rows go to
+-- the oldest partition not listed here. Sealing takes the partition's SHARE lock, which waits for the
+-- transactions writing there, and moves idempotency.sealed_upto forward before it commits.
+CREATE TABLE idempotency.sealed (
+    partition      oid PRIMARY KEY,
+    partition_name name NOT NULL,
+    range_from     timestamptz NOT NULL,
+    range_to       timestamptz NOT NULL,
+    sealed_at      timestamptz NOT NULL DEFAULT pg_catalog.now()
+);
+COMMENT ON TABLE idempotency.sealed IS 'Sealed partitions of idempotency.records: no new rows go there.';
+
+-- The end (range_to, in microseconds since the Unix epoch) of the newest sealed partition. A sequence:
+-- its value is seen at once by every transaction, whatever its snapshot, so a writer that waited for a
+-- seal's lock learns of the seal even under REPEATABLE READ (see idempotency.write_partition).
+CREATE SEQUENCE idempotency.sealed_upto AS bigint MINVALUE 0 START 0 NO CYCLE;
+
+-- The settings a session must not loosen (see idempotency.config()), one row. The database owner (the
+-- edition's owner) changes them with UPDATE idempotency.settings SET ...; a session's SET
+-- idempotency.<name> may tighten them (a superuser's may also loosen them).
+CREATE TABLE idempotency.settings (
+    one                  boolean PRIMARY KEY DEFAULT true CHECK (one),
+    max_lease_ttl        interval NOT NULL DEFAULT '1 day',
+    max_attempts         integer NOT NULL DEFAULT 5 CHECK (max_attempts >= 1),
+    max_key_bytes        integer NOT NULL DEFAULT 512 CHECK (max_key_bytes >= 1),
+    max_payload_bytes    integer NOT NULL DEFAULT 1048576 CHECK (max_payload_bytes >= 1),
+    max_batch_keys       integer NOT NULL DEFAULT 1000 CHECK (max_batch_keys >= 1),
+    require_scope_grants boolean NOT NULL DEFAULT false,
+    lease_ttl            interval NOT NULL DEFAULT '5 min',
+    partition_interval   interval NOT NULL DEFAULT '1 day' CHECK (partition_interval >= '60 s'),
+    premake              integer NOT NULL DEFAULT 4 CHECK (premake >= 1),
+    retention            interval NOT NULL DEFAULT '7 days',
+    reclaim_after        interval NOT NULL DEFAULT '1 hour',
+    drop_lock_timeout    interval NOT NULL DEFAULT '100 ms',
+    partition_manager    text NOT NULL DEFAULT 'builtin' CHECK (partition_manager IN ('builtin', 'pg_partman', 'none'))
+);
+INSERT INTO idempotency.settings DEFAULT VALUES;
+GRANT SELECT ON idempotency.settings TO idempotency_admin;
+COMMENT ON TABLE idempotency.settings IS
+'Settings of the SQL edition (the native extension''s idempotency.* GUCs), one row; change them with UPDATE as the edition''s owner.';
+
+-- The last maintenance rounds (what the native extension keeps in shared memory).
+CREATE TABLE idempotency.maintenance_rounds (
+    one             boolean PRIMARY KEY DEFAULT true CHECK (one),
+    last_round_at   timestamptz,
+    last_round_micros bigint,
+    rounds          bigint NOT NULL DEFAULT 0,
+    failed_rounds   bigint NOT NULL DEFAULT 0,
+    last_error      text,
+    last_error_at   timestamptz
+);
+INSERT INTO idempotency.maintenance_rounds DEFAULT VALUES;
+
+-- pg_dump keeps these rows (inside CREATE EXTENSION only: a plain install's tables are dumped anyway).
+DO $$
+BEGIN
+    PERFORM pg_catalog.pg_extension_config_dump('idempotency.offsets', '');
+    PERFORM pg_catalog.pg_extension_config_dump('idempotency.token_seq', '');
+    PERFORM pg_catalog.pg_extension_config_dump('idempotency.scope_grants', '');
+    PERFORM pg_catalog.pg_extension_config_dump('idempotency.settings', '');
+EXCEPTION WHEN feature_not_supported THEN
+    NULL;
+END
+$$;

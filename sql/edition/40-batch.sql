@@ -1,0 +1,168 @@
+-- The SQL edition: batches. New keys are written by one multi-row INSERT ... ON CONFLICT DO NOTHING in
+-- key order (so that two overlapping batches wait for each other in one order and never deadlock); the
+-- keys that met a row go through the single calls' path.
+
+-- The keys argument checked as the native extension checks it: NULL array or element 22004, more than
+-- max_batch_keys 54000 (before any key is read), each key as idem_claim's.
+CREATE FUNCTION idempotency.check_keys(keys text[], s idempotency.settings) RETURNS void
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+DECLARE
+    k text;
+    n integer := coalesce(pg_catalog.cardinality(keys), 0);
+BEGIN
+    IF keys IS NULL THEN
+        RAISE EXCEPTION 'idempotency: keys must not be NULL' USING ERRCODE = '22004';
+    END IF;
+    IF n OPERATOR(pg_catalog.>) s.max_batch_keys THEN
+        RAISE EXCEPTION 'idempotency: % keys in one call, more than idempotency.max_batch_keys (%)', n, s.max_batch_keys
+            USING ERRCODE = '54000';
+    END IF;
+    FOREACH k IN ARRAY keys LOOP
+        PERFORM idempotency.check_ident('key', k, s.max_key_bytes);
+    END LOOP;
+END
+$$;
+
+-- One answer of a batch claim.
+CREATE TYPE idempotency.claim_answer AS (key text, outcome text, token bigint, attempts integer, payload jsonb,
+                                         expires_at timestamptz);
+
+CREATE FUNCTION idem_claim_batch(keys text[], ttl interval DEFAULT NULL, scope text DEFAULT 'default')
+RETURNS TABLE (key text, outcome text, token bigint, attempts integer, payload jsonb, expires_at timestamptz)
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    s idempotency.settings := idempotency.config();
+    t interval;
+    w record;
+    c record;
+    k text;
+    answers idempotency.claim_answer[];
+BEGIN
+    PERFORM idempotency.check_writable('idem_claim_batch');
+    PERFORM idempotency.check_keys(idem_claim_batch.keys, s);
+    PERFORM idempotency.check_ident('scope', idem_claim_batch.scope, s.max_key_bytes);
+    PERFORM idempotency.authorize('scope', idem_claim_batch.scope, s);
+    t := idempotency.check_ttl(idem_claim_batch.ttl, s);
+    w := idempotency.write_partition();
+    PERFORM idempotency.check_seals_visible('(batch)', idem_claim_batch.scope);
+    -- The keys no sealed partition holds, written at once, in key order.
+    WITH fresh AS (
+        SELECT DISTINCT u.k FROM pg_catalog.unnest(idem_claim_batch.keys) AS u(k)
+         WHERE NOT EXISTS (SELECT FROM idempotency.records x
+                            WHERE x.key OPERATOR(pg_catalog.=) u.k AND x.scope OPERATOR(pg_catalog.=) idem_claim_batch.scope
+                              AND x.created_at OPERATOR(pg_catalog.<) w.range_from)),
+    written AS (
+        INSERT INTO idempotency.records AS x (scope, key, status, token, attempts, created_at, updated_at, expires_at)
+        SELECT idem_claim_batch.scope, f.k, 'pending', pg_catalog.nextval('idempotency.token_seq'), 1,
+               idempotency.created_at(w.range_from, w.range_to), pg_catalog.clock_timestamp(),
+               pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) t
+          FROM fresh f ORDER BY f.k
+        ON CONFLICT DO NOTHING
+        RETURNING x.key, x.token, x.attempts, x.expires_at)
+    SELECT pg_catalog.array_agg(ROW(wr.key, 'claimed', wr.token, wr.attempts, NULL, wr.expires_at)::idempotency.claim_answer)
+      INTO answers FROM written wr;
+    answers := coalesce(answers, '{}');
+    -- The others, one by one in key order: what the single claim answers.
+    FOR k IN SELECT DISTINCT u.k FROM pg_catalog.unnest(idem_claim_batch.keys) AS u(k)
+              WHERE NOT EXISTS (SELECT FROM pg_catalog.unnest(answers) a WHERE a.key OPERATOR(pg_catalog.=) u.k)
+              ORDER BY u.k LOOP
+        c := idempotency.claim_one(k, idem_claim_batch.scope, t, NULL, true, s.max_attempts, w.range_from, w.range_to);
+        answers := answers OPERATOR(pg_catalog.||)
+                   ROW(k, c.outcome, c.token, c.attempts, c.payload, c.expires_at)::idempotency.claim_answer;
+    END LOOP;
+    -- In input order; a repeated key gets its first occurrence's answer, but only the first owns a claim.
+    RETURN QUERY
+    SELECT u.k,
+           CASE WHEN NOT u.first AND a.outcome OPERATOR(pg_catalog.=) 'claimed' THEN 'in_progress' ELSE a.outcome END,
+           CASE WHEN NOT u.first AND a.outcome OPERATOR(pg_catalog.=) 'claimed' THEN NULL ELSE a.token END,
+           a.attempts, a.payload, a.expires_at
+      FROM (SELECT v.k, v.i, pg_catalog.row_number() OVER (PARTITION BY v.k ORDER BY v.i) OPERATOR(pg_catalog.=) 1 AS first
+              FROM pg_catalog.unnest(idem_claim_batch.keys) WITH ORDINALITY AS v(k, i)) u
+      JOIN pg_catalog.unnest(answers) a ON a.key OPERATOR(pg_catalog.=) u.k
+     ORDER BY u.i;
+END
+$$;
+GRANT EXECUTE ON FUNCTION idem_claim_batch(text[], interval, text) TO idempotency_consumer;
+COMMENT ON FUNCTION idem_claim_batch(text[], interval, text) IS
+'Claims many keys of one scope in one call (one broker poll); one row per input key, in input order, with the same outcomes as idem_claim. Keys are locked in sorted order.';
+
+CREATE FUNCTION idem_complete_batch(keys text[], payloads jsonb[] DEFAULT NULL, scope text DEFAULT 'default',
+                                    tokens bigint[] DEFAULT NULL)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    s idempotency.settings := idempotency.config();
+    n integer := coalesce(pg_catalog.cardinality(idem_complete_batch.keys), 0);
+    one record;
+    h record;
+    done integer := 0;
+BEGIN
+    PERFORM idempotency.check_writable('idem_complete_batch');
+    PERFORM idempotency.check_keys(idem_complete_batch.keys, s);
+    PERFORM idempotency.check_ident('scope', idem_complete_batch.scope, s.max_key_bytes);
+    PERFORM idempotency.authorize('scope', idem_complete_batch.scope, s);
+    IF (SELECT pg_catalog.count(DISTINCT u.k) FROM pg_catalog.unnest(idem_complete_batch.keys) u(k)) OPERATOR(pg_catalog.<>) n THEN
+        RAISE EXCEPTION 'idempotency: keys must not repeat a key in idem_complete_batch' USING ERRCODE = '22023';
+    END IF;
+    IF payloads IS NOT NULL THEN
+        IF coalesce(pg_catalog.cardinality(payloads), 0) OPERATOR(pg_catalog.<>) n THEN
+            RAISE EXCEPTION 'idempotency: payloads has % elements but keys has %', coalesce(pg_catalog.cardinality(payloads), 0), n
+                USING ERRCODE = '22023';
+        END IF;
+        PERFORM idempotency.check_document('payload', p, s.max_payload_bytes) FROM pg_catalog.unnest(payloads) AS u(p);
+    END IF;
+    IF tokens IS NOT NULL THEN
+        IF coalesce(pg_catalog.cardinality(tokens), 0) OPERATOR(pg_catalog.<>) n THEN
+            RAISE EXCEPTION 'idempotency: tokens has % elements but keys has %', coalesce(pg_catalog.cardinality(tokens), 0), n
+                USING ERRCODE = '22023';
+        END IF;
+        PERFORM idempotency.check_token(t) FROM pg_catalog.unnest(tokens) AS u(t);
+    END IF;
+    FOR one IN SELECT v.k, v.i FROM pg_catalog.unnest(idem_complete_batch.keys) WITH ORDINALITY AS v(k, i) ORDER BY v.k LOOP
+        h := idempotency.held_row(one.k, idem_complete_batch.scope, tokens[one.i]);
+        UPDATE idempotency.records x
+           SET status = 'completed', payload = payloads[one.i], updated_at = pg_catalog.clock_timestamp(), expires_at = NULL
+         WHERE x.tableoid OPERATOR(pg_catalog.=) h.part AND x.ctid OPERATOR(pg_catalog.=) h.row_ctid;
+        done := done OPERATOR(pg_catalog.+) 1;
+    END LOOP;
+    RETURN done;
+END
+$$;
+GRANT EXECUTE ON FUNCTION idem_complete_batch(text[], jsonb[], text, bigint[]) TO idempotency_consumer;
+COMMENT ON FUNCTION idem_complete_batch(text[], jsonb[], text, bigint[]) IS
+'Completes many claimed keys; payloads and tokens, when given, pair with keys by position. All or nothing; returns the number completed.';
+
+CREATE FUNCTION idem_once_batch(keys text[], scope text DEFAULT 'default') RETURNS SETOF text
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    s idempotency.settings := idempotency.config();
+    w record;
+    fresh text[];
+BEGIN
+    PERFORM idempotency.check_writable('idem_once_batch');
+    PERFORM idempotency.check_keys(idem_once_batch.keys, s);
+    PERFORM idempotency.check_ident('scope', idem_once_batch.scope, s.max_key_bytes);
+    PERFORM idempotency.authorize('scope', idem_once_batch.scope, s);
+    w := idempotency.write_partition();
+    PERFORM idempotency.check_seals_visible('(batch)', idem_once_batch.scope);
+    WITH written AS (
+        INSERT INTO idempotency.records AS x (scope, key, status, attempts, created_at, updated_at)
+        SELECT idem_once_batch.scope, d.k, 'completed', 1, idempotency.created_at(w.range_from, w.range_to), pg_catalog.now()
+          FROM (SELECT DISTINCT u.k FROM pg_catalog.unnest(idem_once_batch.keys) AS u(k)) d
+         WHERE NOT EXISTS (SELECT FROM idempotency.records o
+                            WHERE o.key OPERATOR(pg_catalog.=) d.k AND o.scope OPERATOR(pg_catalog.=) idem_once_batch.scope
+                              AND o.created_at OPERATOR(pg_catalog.<) w.range_from)
+         ORDER BY d.k
+        ON CONFLICT DO NOTHING
+        RETURNING x.key)
+    SELECT pg_catalog.array_agg(wr.key) INTO fresh FROM written wr;
+    RETURN QUERY
+    SELECT v.k FROM (SELECT u.k, pg_catalog.min(u.i) AS i
+                       FROM pg_catalog.unnest(idem_once_batch.keys) WITH ORDINALITY AS u(k, i)
+                      WHERE u.k OPERATOR(pg_catalog.=) ANY (fresh) GROUP BY u.k) v
+     ORDER BY v.i;
+END
+$$;
+GRANT EXECUTE ON FUNCTION idem_once_batch(text[], text) TO idempotency_consumer;
+COMMENT ON FUNCTION idem_once_batch(text[], text) IS
+'The keys of the batch seen for the first time over all committed transactions, each once, in input order; records them as completed.';
