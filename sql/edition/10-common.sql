@@ -99,6 +99,35 @@ BEGIN
 END
 $$;
 
+-- Rust's {:?} of a name in a message: double quotes, with backslashes and quotes escaped (control
+-- characters never reach a message: check_ident refuses them).
+CREATE FUNCTION idempotency.quoted(name text) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT '"' OPERATOR(pg_catalog.||)
+           pg_catalog.replace(pg_catalog.replace(name, '\', '\\'), '"', '\"')
+           OPERATOR(pg_catalog.||) '"'
+$$;
+
+-- 54000 with the native extension's message and hint.
+CREATE FUNCTION idempotency.too_large(what text, bytes bigint, max_bytes bigint, guc text) RETURNS void
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+BEGIN
+    RAISE EXCEPTION 'idempotency: % is % bytes, over the limit of %', what, bytes, max_bytes
+        USING ERRCODE = '54000', HINT = pg_catalog.format('The limit is set by %s.', guc);
+END
+$$;
+
+-- The size the native extension measures a jsonb by: the detoasted datum's (uncompressed; a 1-byte header
+-- kept as it is). doc #> '{}' is the document detoasted with a 4-byte header; a short inline datum (at most
+-- 127 bytes) had a 1-byte one.
+CREATE FUNCTION idempotency.document_size(doc jsonb) RETURNS bigint
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE WHEN d.size OPERATOR(pg_catalog.<=) 130
+                     AND pg_catalog.pg_column_size(doc) OPERATOR(pg_catalog.=) (d.size OPERATOR(pg_catalog.-) 3)
+                THEN d.size OPERATOR(pg_catalog.-) 3 ELSE d.size END
+      FROM (SELECT pg_catalog.pg_column_size(doc OPERATOR(pg_catalog.#>) '{}'::text[])::bigint AS size) d
+$$;
+
 -- 22004 / 22023 / 54000 for a key, scope, group or topic, in the native extension's order.
 CREATE FUNCTION idempotency.check_ident(what text, value text, max_bytes integer) RETURNS void
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
@@ -110,8 +139,7 @@ BEGIN
         RAISE EXCEPTION 'idempotency: % must not be empty', what USING ERRCODE = '22023';
     END IF;
     IF pg_catalog.octet_length(value) OPERATOR(pg_catalog.>) max_bytes THEN
-        RAISE EXCEPTION 'idempotency: % is % bytes, more than idempotency.max_key_bytes (%)',
-            what, pg_catalog.octet_length(value), max_bytes USING ERRCODE = '54000';
+        PERFORM idempotency.too_large(what, pg_catalog.octet_length(value), max_bytes, 'idempotency.max_key_bytes');
     END IF;
     IF value OPERATOR(pg_catalog.~) '[\u0001-\u001f\u007f-\u009f]' THEN
         RAISE EXCEPTION 'idempotency: % must not contain control characters', what USING ERRCODE = '22023';
@@ -132,7 +160,9 @@ CREATE FUNCTION idempotency.check_writable(fn text) RETURNS void
 LANGUAGE plpgsql STABLE PARALLEL SAFE AS $$
 BEGIN
     IF pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on' THEN
-        RAISE EXCEPTION '% cannot run in a read-only transaction', fn USING ERRCODE = '25006';
+        RAISE EXCEPTION '% cannot run in a read-only transaction', fn USING ERRCODE = '25006',
+            HINT = CASE WHEN pg_catalog.pg_is_in_recovery() THEN 'This server is a hot standby: call it on the primary.'
+                        ELSE 'Call it in a read-write transaction.' END;
     END IF;
 END
 $$;
@@ -166,9 +196,8 @@ $$;
 CREATE FUNCTION idempotency.check_document(what text, doc jsonb, max_bytes integer) RETURNS void
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
 BEGIN
-    IF doc IS NOT NULL AND pg_catalog.pg_column_size(doc) OPERATOR(pg_catalog.>) max_bytes THEN
-        RAISE EXCEPTION 'idempotency: % is % bytes, more than idempotency.max_payload_bytes (%)',
-            what, pg_catalog.pg_column_size(doc), max_bytes USING ERRCODE = '54000';
+    IF doc IS NOT NULL AND idempotency.document_size(doc) OPERATOR(pg_catalog.>) max_bytes THEN
+        PERFORM idempotency.too_large(what, idempotency.document_size(doc), max_bytes, 'idempotency.max_payload_bytes');
     END IF;
 END
 $$;
@@ -177,8 +206,7 @@ CREATE FUNCTION idempotency.check_fingerprint(fingerprint text, max_bytes intege
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
 BEGIN
     IF pg_catalog.octet_length(fingerprint) OPERATOR(pg_catalog.>) max_bytes THEN
-        RAISE EXCEPTION 'idempotency: fingerprint is % bytes, more than idempotency.max_key_bytes (%)',
-            pg_catalog.octet_length(fingerprint), max_bytes USING ERRCODE = '54000';
+        PERFORM idempotency.too_large('fingerprint', pg_catalog.octet_length(fingerprint), max_bytes, 'idempotency.max_key_bytes');
     END IF;
 END
 $$;
@@ -204,8 +232,10 @@ BEGIN
            AND pg_catalog.pg_has_role(idempotency.caller(), g.role::oid, 'USAGE')) THEN
         RETURN;
     END IF;
-    RAISE EXCEPTION 'idempotency: permission denied for % "%"', CASE kind WHEN 'scope' THEN 'scope' ELSE 'consumer group' END, name
+    RAISE EXCEPTION 'idempotency: role % has no grant on % %', idempotency.quoted(idempotency.caller()),
+                    CASE kind WHEN 'scope' THEN 'scope' ELSE 'consumer group' END, idempotency.quoted(name)
         USING ERRCODE = '42501',
-              HINT = pg_catalog.format('An idempotency_admin grants it with idem_grant_%s().', kind);
+              HINT = pg_catalog.format('A DBA grants it with idem_grant_%s(''%s'', ''<name or prefix*>''); see docs/security.md.',
+                                       kind, idempotency.caller());
 END
 $$;

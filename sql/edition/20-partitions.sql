@@ -314,7 +314,6 @@ BEGIN
     RETURN NEXT;
 END
 $$;
-GRANT EXECUTE ON FUNCTION idem_maintenance(timestamptz) TO idempotency_admin;
 COMMENT ON FUNCTION idem_maintenance(timestamptz) IS
 'Runs one maintenance round now: creates the partitions due, drops expired ones and reclaims stuck leases. Returns what it did.';
 
@@ -346,6 +345,5 @@ BEGIN
         USING ERRCODE = '55000', HINT = 'Schedule SELECT idem_maintenance() with pg_cron or an outside scheduler.';
 END
 $$;
-GRANT EXECUTE ON FUNCTION idem_partman_handover() TO idempotency_admin;
 COMMENT ON FUNCTION idem_partman_handover() IS
 'Native extension only: hands the record table''s partitions to pg_partman. The SQL edition raises 55000.';

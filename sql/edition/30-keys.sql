@@ -40,9 +40,10 @@ BEGIN
     IF pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed'
        AND idempotency.sealed_until() OPERATOR(pg_catalog.>)
            coalesce((SELECT pg_catalog.max(x.range_to) FROM idempotency.sealed x), '-infinity'::timestamptz) THEN
-        RAISE EXCEPTION 'idempotency: could not serialize access to key "%" of scope "%"', key, scope
+        RAISE EXCEPTION 'idempotency: could not serialize access to key % in scope % due to a concurrent claim',
+                        idempotency.quoted(key), idempotency.quoted(scope)
             USING ERRCODE = '40001', DETAIL = 'A partition was sealed after this transaction''s snapshot was taken.',
-                  HINT = 'Retry the transaction.';
+                  HINT = 'The transaction should be retried.';
     END IF;
 END
 $$;
@@ -171,8 +172,10 @@ BEGIN
         outcome := 'claimed';
         RETURN;
     END LOOP;
-    RAISE EXCEPTION 'idempotency: key "%" of scope "%" kept changing under the claim', k, sc
-        USING ERRCODE = '40001', HINT = 'Retry the transaction.';
+    RAISE EXCEPTION 'idempotency: could not serialize access to key % in scope % due to a concurrent claim',
+                    idempotency.quoted(k), idempotency.quoted(sc)
+        USING ERRCODE = '40001', DETAIL = 'The key''s record kept changing under the claim.',
+              HINT = 'The transaction should be retried.';
 END
 $$;
 
@@ -213,23 +216,28 @@ BEGIN
      WHERE x.key OPERATOR(pg_catalog.=) k AND x.scope OPERATOR(pg_catalog.=) sc
        FOR UPDATE;
     IF NOT FOUND THEN
-        RAISE EXCEPTION 'idempotency: key "%" of scope "%" is unknown', k, sc
-            USING ERRCODE = 'P0002', HINT = 'Claim it first with idem_claim(); it may have been rolled back or reclaimed.';
+        RAISE EXCEPTION 'idempotency: key % in scope % does not exist', idempotency.quoted(k), idempotency.quoted(sc)
+            USING ERRCODE = 'P0002',
+                  HINT = 'Claim the key with idem_claim first; a claim made in a rolled-back transaction leaves no record.';
     END IF;
     IF given IS NOT NULL AND r.token IS DISTINCT FROM given THEN
-        RAISE EXCEPTION 'idempotency: lease lost on key "%" of scope "%": token % is not the current holder''s', k, sc, given
-            USING ERRCODE = '55006';
+        RAISE EXCEPTION 'idempotency: lease lost on key % in scope %: token % is not the current holder''s',
+                        idempotency.quoted(k), idempotency.quoted(sc), given
+            USING ERRCODE = '55006', HINT = 'Another consumer owns this key now; abandon this attempt without side effects.';
     END IF;
     IF r.status OPERATOR(pg_catalog.<>) 'pending' THEN
-        RAISE EXCEPTION 'idempotency: key "%" of scope "%" is already %', k, sc, r.status USING ERRCODE = '55000';
+        RAISE EXCEPTION 'idempotency: key % in scope % is already %', idempotency.quoted(k), idempotency.quoted(sc), r.status
+            USING ERRCODE = '55000';
     END IF;
     IF r.token IS NULL THEN
-        RAISE EXCEPTION 'idempotency: lease lost on key "%" of scope "%": the key was released after a retryable failure', k, sc
-            USING ERRCODE = '55006';
+        RAISE EXCEPTION 'idempotency: lease lost on key % in scope %: the key was released after a retryable failure',
+                        idempotency.quoted(k), idempotency.quoted(sc)
+            USING ERRCODE = '55006', HINT = 'Another consumer owns this key now; abandon this attempt without side effects.';
     END IF;
     IF given IS NULL AND NOT idempotency.written_here(r.xmin) THEN
-        RAISE EXCEPTION 'idempotency: lease lost on key "%" of scope "%": no token given and the claim was made by another transaction', k, sc
-            USING ERRCODE = '55006';
+        RAISE EXCEPTION 'idempotency: lease lost on key % in scope %: no token given and the claim was made by another transaction',
+                        idempotency.quoted(k), idempotency.quoted(sc)
+            USING ERRCODE = '55006', HINT = 'Another consumer owns this key now; abandon this attempt without side effects.';
     END IF;
     part := r.tableoid; row_ctid := r.ctid; attempts := r.attempts;
 END
@@ -356,7 +364,7 @@ COMMENT ON FUNCTION idem_once(text, text) IS
 CREATE FUNCTION idem_status(key text, scope text DEFAULT 'default')
 RETURNS TABLE (status text, attempts integer, token bigint, payload jsonb, error jsonb,
                created_at timestamptz, updated_at timestamptz, expires_at timestamptz)
-LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     s idempotency.settings := idempotency.config();
 BEGIN

@@ -14,8 +14,8 @@ BEGIN
         RAISE EXCEPTION 'idempotency: keys must not be NULL' USING ERRCODE = '22004';
     END IF;
     IF n OPERATOR(pg_catalog.>) s.max_batch_keys THEN
-        RAISE EXCEPTION 'idempotency: % keys in one call, more than idempotency.max_batch_keys (%)', n, s.max_batch_keys
-            USING ERRCODE = '54000';
+        RAISE EXCEPTION 'idempotency: batch has % keys, over the limit of %', n, s.max_batch_keys
+            USING ERRCODE = '54000', HINT = 'The limit is set by idempotency.max_batch_keys; split the batch.';
     END IF;
     FOREACH k IN ARRAY keys LOOP
         PERFORM idempotency.check_ident('key', k, s.max_key_bytes);

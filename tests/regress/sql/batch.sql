@@ -17,7 +17,6 @@ SELECT p.proname, pg_get_function_result(p.oid) AS result
 FROM pg_proc p
 WHERE p.proname IN ('idem_claim_batch', 'idem_complete_batch', 'idem_once_batch')
 ORDER BY p.proname;
-SHOW idempotency.max_batch_keys;
 
 -----------------------------------------------------------------------------
 -- idem_claim_batch: one row per input key, in input order (not sorted).
@@ -355,7 +354,6 @@ SET ROLE idem_batch_plain;
 SELECT * FROM idem_claim_batch(ARRAY['p-1']);
 SELECT idem_complete_batch(ARRAY['p-1']);
 SELECT * FROM idem_once_batch(ARRAY['p-2']);
-SET idempotency.max_batch_keys = 100000;
 RESET ROLE;
 GRANT idempotency_consumer TO idem_batch_plain;
 SET ROLE idem_batch_plain;
@@ -365,7 +363,5 @@ SELECT idem_complete_batch(ARRAY['p-1'], ARRAY['"plain"']::jsonb[]) AS completed
 COMMIT;
 SELECT k FROM idem_once_batch(ARRAY['p-2', 'p-2']) AS t(k);
 SELECT key, outcome, payload FROM idem_claim_batch(ARRAY['p-1']);
-SET idempotency.max_batch_keys = 100000;
-SHOW idempotency.max_batch_keys;
 RESET ROLE;
 DROP ROLE idem_batch_plain;

@@ -4,12 +4,11 @@
 \set VERBOSITY sqlstate
 CREATE EXTENSION idempotency;
 
--- Without shared_preload_libraries: no row, a NOTICE that says why; idem_stats() says "not enabled";
--- idem_stats_reset() has nothing to reset and says so with the same NOTICE.
-\set VERBOSITY terse
+-- Without shared_preload_libraries (and in the SQL edition): no row, a NOTICE that says why (its text:
+-- native_settings); idem_stats() says "not enabled"; idem_stats_reset() has nothing to reset and says so
+-- with the same NOTICE.
 SELECT * FROM idempotency.stats;
 SELECT idem_stats_reset() IS NOT NULL AS reset;
-\set VERBOSITY sqlstate
 SELECT claims, completes, scopes, enabled, stats_reset FROM idem_stats();
 
 -- Nothing yet: one row, no scope, the partitions that the first call makes are not there either.

@@ -1,0 +1,63 @@
+-- What only the native extension has (the SQL edition's own rules: edition_settings): how the functions
+-- run, and the idempotency.* GUCs, their defaults and who may change them.
+\set VERBOSITY sqlstate
+CREATE EXTENSION idempotency;
+
+-- The six functions of the contract live in the extension's schema (public). They are not
+-- SECURITY DEFINER and set no GUC (that wrapper's cost is a tenth of a call): inside, the
+-- storage runs as the extension's owner with pg_catalog as its only search path (the
+-- privileges suite of tests/torture checks both, under a hostile search_path).
+SELECT p.proname,
+       n.nspname AS schema,
+       p.prosecdef AS security_definer,
+       EXISTS (SELECT 1 FROM unnest(p.proconfig) c WHERE c LIKE 'search_path=%') AS pinned_search_path
+FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+WHERE p.proname IN ('idem_claim', 'idem_complete', 'idem_fail', 'idem_heartbeat', 'idem_once', 'idem_status')
+ORDER BY p.proname;
+
+-- GUCs: defaults and contexts.
+SHOW idempotency.lease_ttl;
+SHOW idempotency.max_attempts;
+SHOW idempotency.max_key_bytes;
+SHOW idempotency.max_payload_bytes;
+SHOW idempotency.partition_interval;
+SHOW idempotency.premake;
+SHOW idempotency.max_lease_ttl;
+SELECT name, context FROM pg_settings
+WHERE name IN ('idempotency.lease_ttl', 'idempotency.max_attempts', 'idempotency.max_key_bytes',
+               'idempotency.max_payload_bytes', 'idempotency.partition_interval', 'idempotency.premake',
+               'idempotency.max_lease_ttl', 'idempotency.filter_cache')
+ORDER BY name;
+-- sighup GUCs cannot be changed in a session.
+SET idempotency.partition_interval = '2d';
+SET idempotency.premake = 2;
+SHOW idempotency.partition_interval;
+SHOW idempotency.premake;
+
+SHOW idempotency.max_batch_keys;
+
+SET client_min_messages = warning;
+DROP ROLE IF EXISTS idem_plain;
+RESET client_min_messages;
+CREATE ROLE idem_plain;
+GRANT idempotency_consumer TO idem_plain;
+SET ROLE idem_plain;
+-- superuser GUCs cannot be changed by a plain role: the limits and the policies.
+SET idempotency.max_key_bytes = 16;
+SET idempotency.max_payload_bytes = '1kB';
+SET idempotency.max_attempts = 3;
+SET idempotency.max_lease_ttl = '1000d';
+SET idempotency.filter_cache = '1GB';
+SHOW idempotency.max_attempts;
+SET idempotency.max_batch_keys = 100000;
+SHOW idempotency.max_batch_keys;
+-- nor require scope grants.
+SET idempotency.require_scope_grants = on;
+RESET ROLE;
+
+-- Without shared_preload_libraries, the statistics say why they are empty.
+\set VERBOSITY terse
+SELECT * FROM idempotency.stats;
+SELECT idem_stats_reset() IS NOT NULL AS reset;
+\set VERBOSITY sqlstate
+DROP ROLE idem_plain;
