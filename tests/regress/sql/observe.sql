@@ -2,6 +2,8 @@
 -- does not preload it; tests/multisession/test_stats.py checks the counters), idem_metrics(), the views
 -- of keys in flight and dead letters, idem_redrive, idem_redrive_scope, idem_forget and who may call them.
 \set VERBOSITY sqlstate
+-- (the SQL edition's PL/pgSQL adds a CONTEXT line to the errors shown in full below)
+\set SHOW_CONTEXT never
 CREATE EXTENSION idempotency;
 
 -- Without shared_preload_libraries (and in the SQL edition): no row, a NOTICE that says why (its text:
