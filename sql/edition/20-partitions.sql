@@ -183,7 +183,7 @@ END
 $$;
 
 -- Seals a partition now: waits up to wait_ms for its writers (false, nothing done, when they take
--- longer). Only the oldest unsealed partition can be sealed, and only once its range is past.
+-- longer; 0: as long as it takes). Only the oldest unsealed partition can be sealed, and only once its range is past.
 CREATE FUNCTION idempotency.seal_partition_within(part oid, wait_ms integer) RETURNS boolean
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -205,7 +205,7 @@ BEGIN
             USING ERRCODE = '55000', HINT = 'Run idem_maintenance() first.';
     END IF;
     BEGIN
-        PERFORM pg_catalog.set_config('lock_timeout', wait_ms OPERATOR(pg_catalog.||) 'ms', true);
+        PERFORM pg_catalog.set_config('lock_timeout', GREATEST(wait_ms, 0) OPERATOR(pg_catalog.||) 'ms', true);
         EXECUTE pg_catalog.format('LOCK TABLE %s IN SHARE MODE', part::pg_catalog.regclass);
         PERFORM pg_catalog.set_config('lock_timeout', saved, true);
     EXCEPTION WHEN lock_not_available THEN
@@ -225,9 +225,9 @@ CREATE FUNCTION idempotency.seal_partition(part oid) RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
     PERFORM idempotency.check_writable('idempotency.seal_partition');
+    -- Within the session's lock_timeout (0: as long as it takes).
     RETURN idempotency.seal_partition_within(part,
-        GREATEST(1, (EXTRACT(epoch FROM pg_catalog.current_setting('lock_timeout')::interval)
-                                OPERATOR(pg_catalog.*) 1000)::integer));
+        (EXTRACT(epoch FROM pg_catalog.current_setting('lock_timeout')::interval) OPERATOR(pg_catalog.*) 1000)::integer);
 END
 $$;
 COMMENT ON FUNCTION idempotency.seal_partition(oid) IS
