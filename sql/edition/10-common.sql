@@ -7,19 +7,25 @@ LANGUAGE sql STABLE PARALLEL SAFE AS $$
     SELECT NULLIF(pg_catalog.current_setting('idempotency.' OPERATOR(pg_catalog.||) name, true), '')
 $$;
 
--- A GUC-style duration ('30s', '10min', '2d', '1h'; a bare number is in `unit`) as an interval.
+-- A GUC-style duration ('30s', '10min', '2d', '1h'; a bare number is in `unit`) as an interval. (The small
+-- helpers here are PL/pgSQL, whose plans a session keeps: a SQL function that is not inlined is planned anew
+-- at each call from PL/pgSQL.)
 CREATE FUNCTION idempotency.parse_interval(value text, unit text) RETURNS interval
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT CASE WHEN value OPERATOR(pg_catalog.~) '^\s*-?[0-9]+\s*$'
-                THEN pg_catalog.interval_mul(('1 ' OPERATOR(pg_catalog.||) unit)::interval,
-                                             value::pg_catalog.float8)
-                ELSE value::interval END
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+BEGIN
+    IF value OPERATOR(pg_catalog.~) '^\s*-?[0-9]+\s*$' THEN
+        RETURN pg_catalog.interval_mul(('1 ' OPERATOR(pg_catalog.||) unit)::interval, value::pg_catalog.float8);
+    END IF;
+    RETURN value::interval;
+END
 $$;
 
 -- A GUC-style size ('512B', '1kB', '1MB'; a bare number is bytes) in bytes.
 CREATE FUNCTION idempotency.parse_bytes(value text) RETURNS bigint
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT pg_catalog.pg_size_bytes(pg_catalog.regexp_replace(value, '^\s*([0-9]+)\s*B\s*$', '\1'))
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+BEGIN
+    RETURN pg_catalog.pg_size_bytes(pg_catalog.regexp_replace(value, '^\s*([0-9]+)\s*B\s*$', '\1'));
+END
 $$;
 
 -- The role that called: the one SET ROLE chose, else the session's login role. (A SECURITY DEFINER
@@ -32,9 +38,11 @@ $$;
 
 -- True when the calling role is a superuser: only then may a session loosen a limit.
 CREATE FUNCTION idempotency.session_is_superuser() RETURNS boolean
-LANGUAGE sql STABLE PARALLEL SAFE AS $$
-    SELECT coalesce((SELECT r.rolsuper FROM pg_catalog.pg_roles r
-                      WHERE r.rolname OPERATOR(pg_catalog.=) idempotency.caller()), false)
+LANGUAGE plpgsql STABLE PARALLEL SAFE AS $$
+BEGIN
+    RETURN coalesce((SELECT r.rolsuper FROM pg_catalog.pg_roles r
+                      WHERE r.rolname OPERATOR(pg_catalog.=) idempotency.caller()), false);
+END
 $$;
 
 -- The settings in force for this call: idempotency.settings, where the session's SET idempotency.<name>
@@ -53,31 +61,31 @@ BEGIN
     v := idempotency.session_value('max_lease_ttl');
     IF v IS NOT NULL THEN
         i := idempotency.parse_interval(v, 's');
-        IF i OPERATOR(pg_catalog.<) s.max_lease_ttl OR idempotency.session_is_superuser() THEN s.max_lease_ttl := i; END IF;
+        IF i OPERATOR(pg_catalog.<) s.max_lease_ttl OR (i OPERATOR(pg_catalog.>) s.max_lease_ttl AND idempotency.session_is_superuser()) THEN s.max_lease_ttl := i; END IF;
     END IF;
     v := idempotency.session_value('max_attempts');
     IF v IS NOT NULL THEN
         n := v::bigint;
-        IF n OPERATOR(pg_catalog.<) s.max_attempts OR idempotency.session_is_superuser() THEN s.max_attempts := n; END IF;
+        IF n OPERATOR(pg_catalog.<) s.max_attempts OR (n OPERATOR(pg_catalog.>) s.max_attempts AND idempotency.session_is_superuser()) THEN s.max_attempts := n; END IF;
     END IF;
     v := idempotency.session_value('max_key_bytes');
     IF v IS NOT NULL THEN
         n := idempotency.parse_bytes(v);
-        IF n OPERATOR(pg_catalog.<) s.max_key_bytes OR idempotency.session_is_superuser() THEN s.max_key_bytes := n; END IF;
+        IF n OPERATOR(pg_catalog.<) s.max_key_bytes OR (n OPERATOR(pg_catalog.>) s.max_key_bytes AND idempotency.session_is_superuser()) THEN s.max_key_bytes := n; END IF;
     END IF;
     v := idempotency.session_value('max_payload_bytes');
     IF v IS NOT NULL THEN
         n := idempotency.parse_bytes(v);
-        IF n OPERATOR(pg_catalog.<) s.max_payload_bytes OR idempotency.session_is_superuser() THEN s.max_payload_bytes := n; END IF;
+        IF n OPERATOR(pg_catalog.<) s.max_payload_bytes OR (n OPERATOR(pg_catalog.>) s.max_payload_bytes AND idempotency.session_is_superuser()) THEN s.max_payload_bytes := n; END IF;
     END IF;
     v := idempotency.session_value('max_batch_keys');
     IF v IS NOT NULL THEN
         n := v::bigint;
-        IF n OPERATOR(pg_catalog.<) s.max_batch_keys OR idempotency.session_is_superuser() THEN s.max_batch_keys := n; END IF;
+        IF n OPERATOR(pg_catalog.<) s.max_batch_keys OR (n OPERATOR(pg_catalog.>) s.max_batch_keys AND idempotency.session_is_superuser()) THEN s.max_batch_keys := n; END IF;
     END IF;
     v := idempotency.session_value('require_scope_grants');
     IF v IS NOT NULL THEN
-        IF v::boolean OR idempotency.session_is_superuser() THEN s.require_scope_grants := v::boolean; END IF;
+        IF v::boolean OR (s.require_scope_grants AND idempotency.session_is_superuser()) THEN s.require_scope_grants := v::boolean; END IF;
     END IF;
     RETURN s;
 END
@@ -121,11 +129,15 @@ $$;
 -- kept as it is). doc #> '{}' is the document detoasted with a 4-byte header; a short inline datum (at most
 -- 127 bytes) had a 1-byte one.
 CREATE FUNCTION idempotency.document_size(doc jsonb) RETURNS bigint
-LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT CASE WHEN d.size OPERATOR(pg_catalog.<=) 130
-                     AND pg_catalog.pg_column_size(doc) OPERATOR(pg_catalog.=) (d.size OPERATOR(pg_catalog.-) 3)
-                THEN d.size OPERATOR(pg_catalog.-) 3 ELSE d.size END
-      FROM (SELECT pg_catalog.pg_column_size(doc OPERATOR(pg_catalog.#>) '{}'::text[])::bigint AS size) d
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+DECLARE
+    size bigint := pg_catalog.pg_column_size(doc OPERATOR(pg_catalog.#>) '{}'::text[]);
+BEGIN
+    IF size OPERATOR(pg_catalog.<=) 130 AND pg_catalog.pg_column_size(doc) OPERATOR(pg_catalog.=) (size OPERATOR(pg_catalog.-) 3) THEN
+        RETURN size OPERATOR(pg_catalog.-) 3;
+    END IF;
+    RETURN size;
+END
 $$;
 
 -- 22004 / 22023 / 54000 for a key, scope, group or topic, in the native extension's order.

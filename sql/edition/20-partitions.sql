@@ -140,45 +140,63 @@ COMMENT ON FUNCTION idempotency.premake_partitions(timestamptz) IS
 -- The end of the newest sealed partition, as every transaction sees it whatever its snapshot
 -- (-infinity when none is sealed).
 CREATE FUNCTION idempotency.sealed_until() RETURNS timestamptz
-LANGUAGE sql STABLE PARALLEL SAFE AS $$
-    SELECT CASE WHEN q.last_value OPERATOR(pg_catalog.=) 0 THEN '-infinity'::timestamptz
-                ELSE pg_catalog.to_timestamp(0) OPERATOR(pg_catalog.+)
-                     pg_catalog.make_interval(secs => q.last_value::pg_catalog.float8 OPERATOR(pg_catalog./) 1000000) END
-      FROM idempotency.sealed_upto q
+LANGUAGE plpgsql STABLE PARALLEL SAFE AS $$
+DECLARE
+    upto bigint;
+BEGIN
+    -- (PL/pgSQL, whose plans are kept for the session: a SQL function with a FROM clause is planned anew at
+    -- every call from PL/pgSQL, at 80 us a time.)
+    SELECT q.last_value INTO upto FROM idempotency.sealed_upto q;
+    IF upto OPERATOR(pg_catalog.=) 0 THEN
+        RETURN '-infinity'::timestamptz;
+    END IF;
+    RETURN pg_catalog.to_timestamp(upto::pg_catalog.float8 OPERATOR(pg_catalog./) 1000000);
+END
 $$;
 
--- The write partition, locked against a seal (ROW EXCLUSIVE: a seal's SHARE lock waits for this
--- transaction, and this waits for a seal under way): (partition, range_from, range_to). Makes partitions
--- when there is none to write to (a fresh install, or maintenance that has not run).
+-- The write partition: (partition, range_from, range_to) of the oldest partition past the seals. Makes
+-- partitions when there is none to write to (a fresh install, or maintenance that has not run). Takes no
+-- lock: the INSERT that writes there takes ROW EXCLUSIVE, which a seal's SHARE lock waits for, and then
+-- idempotency.check_unsealed tells whether a seal committed in between.
 CREATE FUNCTION idempotency.write_partition(OUT part oid, OUT range_from timestamptz, OUT range_to timestamptz)
 LANGUAGE plpgsql AS $$
 DECLARE
     upto timestamptz;
 BEGIN
-    FOR attempt IN 1..5 LOOP
+    FOR attempt IN 1..3 LOOP
         upto := idempotency.sealed_until();
         SELECT p.partition, p.range_from, p.range_to INTO part, range_from, range_to
           FROM idempotency.partition_ranges p
          WHERE p.range_from OPERATOR(pg_catalog.>=) upto
-           AND NOT EXISTS (SELECT FROM idempotency.sealed x WHERE x.partition OPERATOR(pg_catalog.=) p.partition)
          ORDER BY p.range_from LIMIT 1;
-        IF part IS NULL OR range_from OPERATOR(pg_catalog.>) pg_catalog.now() THEN
-            -- Nothing to write to (or only future partitions, when no partition covers now): make them.
-            IF idempotency.premake_partitions(GREATEST(pg_catalog.now(), upto)) OPERATOR(pg_catalog.>) 0 THEN
-                CONTINUE;
-            END IF;
-            IF part IS NULL THEN
-                CONTINUE;
-            END IF;
+        IF part IS NOT NULL AND range_from OPERATOR(pg_catalog.<=) pg_catalog.now() THEN
+            RETURN;
         END IF;
-        EXECUTE pg_catalog.format('LOCK TABLE %s IN ROW EXCLUSIVE MODE', part::pg_catalog.regclass);
-        -- A seal that committed while this waited moved sealed_upto past it: take the next one.
-        IF idempotency.sealed_until() OPERATOR(pg_catalog.<) range_to THEN
+        -- Nothing to write to, or only partitions ahead of now (no partition covers now): make them.
+        IF idempotency.premake_partitions(GREATEST(pg_catalog.now(), upto)) OPERATOR(pg_catalog.=) 0 AND part IS NOT NULL THEN
             RETURN;
         END IF;
     END LOOP;
-    RAISE EXCEPTION 'idempotency: the partitions kept changing under five lookups in a row of where a new row goes'
-        USING ERRCODE = '40001';
+    RAISE EXCEPTION 'idempotency: the partitions of idempotency.records kept changing while they were looked up'
+        USING ERRCODE = '40001', HINT = 'The transaction should be retried.';
+END
+$$;
+
+-- After rows were written into the write partition [w_from, w_to) (their INSERT holding its ROW EXCLUSIVE
+-- lock): when a seal of that partition committed before the lock came, the rows would sit in a sealed
+-- partition, where later writers of their keys do not look for uncommitted rows. Then they are deleted
+-- again (true), and the caller writes them into the next partition. Rare: only a write that waited for a
+-- seal's lock.
+CREATE FUNCTION idempotency.unwrite_if_sealed(keys text[], sc text, w_from timestamptz, w_to timestamptz) RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF idempotency.sealed_until() OPERATOR(pg_catalog.<) w_to THEN
+        RETURN false;
+    END IF;
+    DELETE FROM idempotency.records x
+     WHERE x.key OPERATOR(pg_catalog.=) ANY (keys) AND x.scope OPERATOR(pg_catalog.=) sc
+       AND x.created_at OPERATOR(pg_catalog.>=) w_from AND x.created_at OPERATOR(pg_catalog.<) w_to;
+    RETURN true;
 END
 $$;
 

@@ -7,8 +7,9 @@
 CREATE FUNCTION idempotency.check_keys(keys text[], s idempotency.settings) RETURNS void
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
 DECLARE
-    k text;
     n integer := coalesce(pg_catalog.cardinality(keys), 0);
+    bad text;
+    found_bad boolean;
 BEGIN
     IF keys IS NULL THEN
         RAISE EXCEPTION 'idempotency: keys must not be NULL' USING ERRCODE = '22004';
@@ -17,9 +18,15 @@ BEGIN
         RAISE EXCEPTION 'idempotency: batch has % keys, over the limit of %', n, s.max_batch_keys
             USING ERRCODE = '54000', HINT = 'The limit is set by idempotency.max_batch_keys; split the batch.';
     END IF;
-    FOREACH k IN ARRAY keys LOOP
-        PERFORM idempotency.check_ident('key', k, s.max_key_bytes);
-    END LOOP;
+    -- One pass finds the first key check_ident would refuse; that key alone goes through it, for its error.
+    SELECT true, u.k INTO found_bad, bad
+      FROM pg_catalog.unnest(keys) WITH ORDINALITY AS u(k, i)
+     WHERE u.k IS NULL OR u.k OPERATOR(pg_catalog.=) '' OR pg_catalog.octet_length(u.k) OPERATOR(pg_catalog.>) s.max_key_bytes
+        OR u.k OPERATOR(pg_catalog.~) '[\u0001-\u001f\u007f-\u009f]'
+     ORDER BY u.i LIMIT 1;
+    IF found_bad THEN
+        PERFORM idempotency.check_ident('key', bad, s.max_key_bytes);
+    END IF;
 END
 $$;
 
@@ -45,22 +52,28 @@ BEGIN
     t := idempotency.check_ttl(idem_claim_batch.ttl, s);
     w := idempotency.write_partition();
     PERFORM idempotency.check_seals_visible('(batch)', idem_claim_batch.scope);
-    -- The keys no sealed partition holds, written at once, in key order.
-    WITH fresh AS (
-        SELECT DISTINCT u.k FROM pg_catalog.unnest(idem_claim_batch.keys) AS u(k)
-         WHERE NOT EXISTS (SELECT FROM idempotency.records x
-                            WHERE x.key OPERATOR(pg_catalog.=) u.k AND x.scope OPERATOR(pg_catalog.=) idem_claim_batch.scope
-                              AND x.created_at OPERATOR(pg_catalog.<) w.range_from)),
-    written AS (
-        INSERT INTO idempotency.records AS x (scope, key, status, token, attempts, created_at, updated_at, expires_at)
-        SELECT idem_claim_batch.scope, f.k, 'pending', pg_catalog.nextval('idempotency.token_seq'), 1,
-               idempotency.created_at(w.range_from, w.range_to), pg_catalog.clock_timestamp(),
-               pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) t
-          FROM fresh f ORDER BY f.k
-        ON CONFLICT DO NOTHING
-        RETURNING x.key, x.token, x.attempts, x.expires_at)
-    SELECT pg_catalog.array_agg(ROW(wr.key, 'claimed', wr.token, wr.attempts, NULL, wr.expires_at)::idempotency.claim_answer)
-      INTO answers FROM written wr;
+    LOOP
+        -- The keys no sealed partition holds, written at once, in key order.
+        WITH fresh AS (
+            SELECT DISTINCT u.k FROM pg_catalog.unnest(idem_claim_batch.keys) AS u(k)
+             WHERE NOT EXISTS (SELECT FROM idempotency.records x
+                                WHERE x.key OPERATOR(pg_catalog.=) u.k AND x.scope OPERATOR(pg_catalog.=) idem_claim_batch.scope
+                                  AND x.created_at OPERATOR(pg_catalog.<) w.range_from)),
+        written AS (
+            INSERT INTO idempotency.records AS x (scope, key, status, token, attempts, created_at, updated_at, expires_at)
+            SELECT idem_claim_batch.scope, f.k, 'pending', pg_catalog.nextval('idempotency.token_seq'), 1,
+                   idempotency.created_at(w.range_from, w.range_to), pg_catalog.clock_timestamp(),
+                   pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) t
+              FROM fresh f ORDER BY f.k
+            ON CONFLICT DO NOTHING
+            RETURNING x.key, x.token, x.attempts, x.expires_at)
+        SELECT pg_catalog.array_agg(ROW(wr.key, 'claimed', wr.token, wr.attempts, NULL, wr.expires_at)::idempotency.claim_answer)
+          INTO answers FROM written wr;
+        -- (written into a partition sealed meanwhile: again, into the next one)
+        EXIT WHEN answers IS NULL OR NOT idempotency.unwrite_if_sealed(
+            ARRAY(SELECT a.key FROM pg_catalog.unnest(answers) a), idem_claim_batch.scope, w.range_from, w.range_to);
+        w := idempotency.write_partition();
+    END LOOP;
     answers := coalesce(answers, '{}');
     -- The others, one by one in key order: what the single claim answers.
     FOR k IN SELECT DISTINCT u.k FROM pg_catalog.unnest(idem_claim_batch.keys) AS u(k)
@@ -145,21 +158,27 @@ BEGIN
     PERFORM idempotency.authorize('scope', idem_once_batch.scope, s);
     w := idempotency.write_partition();
     PERFORM idempotency.check_seals_visible('(batch)', idem_once_batch.scope);
-    WITH written AS (
-        INSERT INTO idempotency.records AS x (scope, key, status, attempts, created_at, updated_at)
-        SELECT idem_once_batch.scope, d.k, 'completed', 1, idempotency.created_at(w.range_from, w.range_to), pg_catalog.now()
-          FROM (SELECT DISTINCT u.k FROM pg_catalog.unnest(idem_once_batch.keys) AS u(k)) d
-         WHERE NOT EXISTS (SELECT FROM idempotency.records o
-                            WHERE o.key OPERATOR(pg_catalog.=) d.k AND o.scope OPERATOR(pg_catalog.=) idem_once_batch.scope
-                              AND o.created_at OPERATOR(pg_catalog.<) w.range_from)
-         ORDER BY d.k
-        ON CONFLICT DO NOTHING
-        RETURNING x.key)
-    SELECT pg_catalog.array_agg(wr.key) INTO fresh FROM written wr;
+    LOOP
+        WITH written AS (
+            INSERT INTO idempotency.records AS x (scope, key, status, attempts, created_at, updated_at)
+            SELECT idem_once_batch.scope, d.k, 'completed', 1, idempotency.created_at(w.range_from, w.range_to), pg_catalog.now()
+              FROM (SELECT DISTINCT u.k FROM pg_catalog.unnest(idem_once_batch.keys) AS u(k)) d
+             WHERE NOT EXISTS (SELECT FROM idempotency.records o
+                                WHERE o.key OPERATOR(pg_catalog.=) d.k AND o.scope OPERATOR(pg_catalog.=) idem_once_batch.scope
+                                  AND o.created_at OPERATOR(pg_catalog.<) w.range_from)
+             ORDER BY d.k
+            ON CONFLICT DO NOTHING
+            RETURNING x.key)
+        SELECT pg_catalog.array_agg(wr.key) INTO fresh FROM written wr;
+        -- (written into a partition sealed meanwhile: again, into the next one)
+        EXIT WHEN fresh IS NULL OR NOT idempotency.unwrite_if_sealed(fresh, idem_once_batch.scope, w.range_from, w.range_to);
+        w := idempotency.write_partition();
+    END LOOP;
     RETURN QUERY
     SELECT v.k FROM (SELECT u.k, pg_catalog.min(u.i) AS i
                        FROM pg_catalog.unnest(idem_once_batch.keys) WITH ORDINALITY AS u(k, i)
-                      WHERE u.k OPERATOR(pg_catalog.=) ANY (fresh) GROUP BY u.k) v
+                       JOIN pg_catalog.unnest(fresh) AS f(k) ON f.k OPERATOR(pg_catalog.=) u.k
+                      GROUP BY u.k) v
      ORDER BY v.i;
 END
 $$;
