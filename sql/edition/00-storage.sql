@@ -67,7 +67,7 @@ COMMENT ON TABLE idempotency.scope_grants IS
 -- the oldest partition not listed here. Sealing takes the partition's SHARE lock, which waits for the
 -- transactions writing there, and moves idempotency.sealed_upto forward before it commits.
 CREATE TABLE idempotency.sealed (
-    partition      oid PRIMARY KEY,
+    partition      regclass PRIMARY KEY,    -- (regclass: a dump names the partition, a restore finds it again)
     partition_name name NOT NULL,
     range_from     timestamptz NOT NULL,
     range_to       timestamptz NOT NULL,
@@ -123,6 +123,10 @@ BEGIN
     PERFORM pg_catalog.pg_extension_config_dump('idempotency.token_seq', '');
     PERFORM pg_catalog.pg_extension_config_dump('idempotency.scope_grants', '');
     PERFORM pg_catalog.pg_extension_config_dump('idempotency.settings', '');
+    -- Which partitions are sealed, and how far: without them a restored edition would write new keys into
+    -- its oldest partition.
+    PERFORM pg_catalog.pg_extension_config_dump('idempotency.sealed', '');
+    PERFORM pg_catalog.pg_extension_config_dump('idempotency.sealed_upto', '');
 EXCEPTION WHEN feature_not_supported THEN
     NULL;
 END

@@ -45,47 +45,83 @@ BEGIN
 END
 $$;
 
--- The settings in force for this call: idempotency.settings, where the session's SET idempotency.<name>
--- may tighten a limit (any role) or loosen it (a superuser only); lease_ttl the session sets freely.
+-- The values ALTER DATABASE ... SET and ALTER ROLE ... SET give a setting for this database and the calling
+-- role (the floors a session of that role must not loosen).
+CREATE FUNCTION idempotency.configured_values(name text) RETURNS text[]
+LANGUAGE plpgsql STABLE PARALLEL SAFE AS $$
+BEGIN
+    RETURN ARRAY(
+        SELECT pg_catalog.substr(c, pg_catalog.length(name) OPERATOR(pg_catalog.+) 14)
+          FROM pg_catalog.pg_db_role_setting d, pg_catalog.unnest(d.setconfig) AS c
+         WHERE d.setdatabase OPERATOR(pg_catalog.=) ANY (ARRAY[0::oid, (SELECT b.oid FROM pg_catalog.pg_database b
+                                                                         WHERE b.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())])
+           AND d.setrole OPERATOR(pg_catalog.=) ANY (ARRAY[0::oid, (SELECT r.oid FROM pg_catalog.pg_roles r
+                                                                     WHERE r.rolname OPERATOR(pg_catalog.=) idempotency.caller())])
+           AND pg_catalog.starts_with(c, 'idempotency.' OPERATOR(pg_catalog.||) name OPERATOR(pg_catalog.||) '='));
+END
+$$;
+
+-- One limit in force: the table's value, tightened by any ALTER DATABASE / ALTER ROLE value and by the
+-- session's own (SET idempotency.<name>); a superuser's session value stands as it is. kind: 'n' (a
+-- number), 'b' (bytes), 's' (seconds, for an interval as microseconds), 'g' (require_scope_grants: 0 on).
+CREATE FUNCTION idempotency.limit_in_force(name text, table_value bigint, session_value text, kind text) RETURNS bigint
+LANGUAGE plpgsql STABLE PARALLEL SAFE AS $$
+DECLARE
+    v bigint := table_value;
+    c text;
+BEGIN
+    IF idempotency.session_is_superuser() THEN
+        RETURN idempotency.limit_value(session_value, kind);
+    END IF;
+    FOREACH c IN ARRAY idempotency.configured_values(name) || ARRAY[session_value] LOOP
+        v := LEAST(v, idempotency.limit_value(c, kind));
+    END LOOP;
+    RETURN v;
+END
+$$;
+
+CREATE FUNCTION idempotency.limit_value(value text, kind text) RETURNS bigint
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+BEGIN
+    RETURN CASE kind
+        WHEN 'b' THEN idempotency.parse_bytes(value)
+        WHEN 's' THEN (EXTRACT(epoch FROM idempotency.parse_interval(value, 's')) OPERATOR(pg_catalog.*) 1000000)::bigint
+        WHEN 'g' THEN CASE WHEN value::boolean THEN 0 ELSE 1 END   -- require_scope_grants: on is the tighter
+        ELSE value::bigint END;
+END
+$$;
+
+-- The settings in force for this call: idempotency.settings, where a session's SET idempotency.<name> (or
+-- a value ALTER DATABASE / ALTER ROLE set) may tighten a limit (any role) or loosen it (a superuser's
+-- session only); lease_ttl a session sets freely. Only a session that has an idempotency.* limit set pays
+-- for more than the one row.
 CREATE FUNCTION idempotency.config() RETURNS idempotency.settings
 LANGUAGE plpgsql STABLE PARALLEL SAFE AS $$
 DECLARE
     s idempotency.settings;
     v text;
-    n bigint;
-    i interval;
 BEGIN
     SELECT * INTO STRICT s FROM idempotency.settings;
     v := idempotency.session_value('lease_ttl');
     IF v IS NOT NULL THEN s.lease_ttl := idempotency.parse_interval(v, 'ms'); END IF;
     v := idempotency.session_value('max_lease_ttl');
     IF v IS NOT NULL THEN
-        i := idempotency.parse_interval(v, 's');
-        IF i OPERATOR(pg_catalog.<) s.max_lease_ttl OR (i OPERATOR(pg_catalog.>) s.max_lease_ttl AND idempotency.session_is_superuser()) THEN s.max_lease_ttl := i; END IF;
+        s.max_lease_ttl := pg_catalog.make_interval(secs => idempotency.limit_in_force('max_lease_ttl',
+            (EXTRACT(epoch FROM s.max_lease_ttl) OPERATOR(pg_catalog.*) 1000000)::bigint, v, 's')::pg_catalog.float8
+            OPERATOR(pg_catalog./) 1000000);
     END IF;
     v := idempotency.session_value('max_attempts');
-    IF v IS NOT NULL THEN
-        n := v::bigint;
-        IF n OPERATOR(pg_catalog.<) s.max_attempts OR (n OPERATOR(pg_catalog.>) s.max_attempts AND idempotency.session_is_superuser()) THEN s.max_attempts := n; END IF;
-    END IF;
+    IF v IS NOT NULL THEN s.max_attempts := idempotency.limit_in_force('max_attempts', s.max_attempts, v, 'n'); END IF;
     v := idempotency.session_value('max_key_bytes');
-    IF v IS NOT NULL THEN
-        n := idempotency.parse_bytes(v);
-        IF n OPERATOR(pg_catalog.<) s.max_key_bytes OR (n OPERATOR(pg_catalog.>) s.max_key_bytes AND idempotency.session_is_superuser()) THEN s.max_key_bytes := n; END IF;
-    END IF;
+    IF v IS NOT NULL THEN s.max_key_bytes := idempotency.limit_in_force('max_key_bytes', s.max_key_bytes, v, 'b'); END IF;
     v := idempotency.session_value('max_payload_bytes');
-    IF v IS NOT NULL THEN
-        n := idempotency.parse_bytes(v);
-        IF n OPERATOR(pg_catalog.<) s.max_payload_bytes OR (n OPERATOR(pg_catalog.>) s.max_payload_bytes AND idempotency.session_is_superuser()) THEN s.max_payload_bytes := n; END IF;
-    END IF;
+    IF v IS NOT NULL THEN s.max_payload_bytes := idempotency.limit_in_force('max_payload_bytes', s.max_payload_bytes, v, 'b'); END IF;
     v := idempotency.session_value('max_batch_keys');
-    IF v IS NOT NULL THEN
-        n := v::bigint;
-        IF n OPERATOR(pg_catalog.<) s.max_batch_keys OR (n OPERATOR(pg_catalog.>) s.max_batch_keys AND idempotency.session_is_superuser()) THEN s.max_batch_keys := n; END IF;
-    END IF;
+    IF v IS NOT NULL THEN s.max_batch_keys := idempotency.limit_in_force('max_batch_keys', s.max_batch_keys, v, 'n'); END IF;
     v := idempotency.session_value('require_scope_grants');
     IF v IS NOT NULL THEN
-        IF v::boolean OR (s.require_scope_grants AND idempotency.session_is_superuser()) THEN s.require_scope_grants := v::boolean; END IF;
+        s.require_scope_grants := idempotency.limit_in_force('require_scope_grants',
+            CASE WHEN s.require_scope_grants THEN 0 ELSE 1 END, v, 'g') OPERATOR(pg_catalog.=) 0;
     END IF;
     RETURN s;
 END

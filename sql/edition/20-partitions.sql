@@ -12,13 +12,20 @@
 -- Every partition of the record table and its range, kept by the functions below (and by maintenance,
 -- for partitions attached by hand or by pg_partman).
 CREATE TABLE idempotency.partition_ranges (
-    partition      oid PRIMARY KEY,
+    partition      regclass PRIMARY KEY,    -- (regclass: a dump names the partition, a restore finds it again)
     partition_name name NOT NULL,
     range_from     timestamptz NOT NULL,
     range_to       timestamptz NOT NULL
 );
 CREATE INDEX ON idempotency.partition_ranges (range_from);
 COMMENT ON TABLE idempotency.partition_ranges IS 'The partitions of idempotency.records and their ranges (the SQL edition''s own record of them).';
+DO $$
+BEGIN
+    PERFORM pg_catalog.pg_extension_config_dump('idempotency.partition_ranges', '');
+EXCEPTION WHEN feature_not_supported THEN
+    NULL;
+END
+$$;
 
 -- The partitions with their ranges, sizes, when retention drops each, and when each was sealed: the
 -- native extension's view, read from idempotency.partition_ranges (filter_bytes: no filters here, NULL).
@@ -42,17 +49,21 @@ COMMENT ON VIEW idempotency.partitions IS 'Partitions of idempotency.records: ra
 -- The indexes a partition needs: the UNIQUE (key, scope) index that new keys meet in, and expires_at of
 -- the leased rows (the reclaim sweep). For a partition attached by hand too.
 CREATE FUNCTION idempotency.index_partition(part regclass) RETURNS void
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET default_tablespace = '' AS $$
 DECLARE
     rel name;
+    space text;
 BEGIN
     SELECT c.relname INTO STRICT rel FROM pg_catalog.pg_class c
      WHERE c.oid OPERATOR(pg_catalog.=) part::oid
        AND c.relnamespace OPERATOR(pg_catalog.=) 'idempotency'::pg_catalog.regnamespace::oid;
-    EXECUTE pg_catalog.format('CREATE UNIQUE INDEX IF NOT EXISTS %I ON idempotency.%I (key, scope)',
-                              rel OPERATOR(pg_catalog.||) '_key_scope_idx', rel);
-    EXECUTE pg_catalog.format('CREATE INDEX IF NOT EXISTS %I ON idempotency.%I (expires_at) WHERE expires_at IS NOT NULL',
-                              rel OPERATOR(pg_catalog.||) '_expires_at_idx', rel);
+    SELECT coalesce((SELECT pg_catalog.format(' TABLESPACE %I', t.spcname) FROM pg_catalog.pg_tablespace t
+                      WHERE t.oid OPERATOR(pg_catalog.=) c.reltablespace), '')
+      INTO space FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) part::oid;
+    EXECUTE pg_catalog.format('CREATE UNIQUE INDEX IF NOT EXISTS %I ON idempotency.%I (key, scope)%s',
+                              rel OPERATOR(pg_catalog.||) '_key_scope_idx', rel, space);
+    EXECUTE pg_catalog.format('CREATE INDEX IF NOT EXISTS %I ON idempotency.%I (expires_at)%s WHERE expires_at IS NOT NULL',
+                              rel OPERATOR(pg_catalog.||) '_expires_at_idx', rel, space);
 END
 $$;
 COMMENT ON FUNCTION idempotency.index_partition(regclass) IS
@@ -73,10 +84,14 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET datestyle = 'ISO, YMD
 BEGIN
     DELETE FROM idempotency.partition_ranges p
      WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_inherits i
-                        WHERE i.inhrelid OPERATOR(pg_catalog.=) p.partition
+                        WHERE i.inhrelid OPERATOR(pg_catalog.=) p.partition::oid
+                          AND i.inhparent OPERATOR(pg_catalog.=) 'idempotency.records'::pg_catalog.regclass::oid);
+    DELETE FROM idempotency.sealed x
+     WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_inherits i
+                        WHERE i.inhrelid OPERATOR(pg_catalog.=) x.partition::oid
                           AND i.inhparent OPERATOR(pg_catalog.=) 'idempotency.records'::pg_catalog.regclass::oid);
     INSERT INTO idempotency.partition_ranges (partition, partition_name, range_from, range_to)
-    SELECT c.oid, c.relname, b[1]::timestamptz, b[2]::timestamptz
+    SELECT c.oid::pg_catalog.regclass, c.relname, b[1]::timestamptz, b[2]::timestamptz
       FROM pg_catalog.pg_inherits i
       JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) i.inhrelid,
            LATERAL pg_catalog.regexp_match(pg_catalog.pg_get_expr(c.relpartbound, c.oid),
@@ -91,11 +106,16 @@ $$;
 -- the number made. Slots are aligned to partition_interval from 2000-01-01 UTC, and named as the native
 -- extension names them (records_pYYYY_MM_DD, or records_pYYYY_MM_DD_HH24MI below a day).
 CREATE FUNCTION idempotency.premake_partitions(as_of timestamptz DEFAULT pg_catalog.now()) RETURNS integer
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET default_tablespace = '' AS $$
 DECLARE
     s idempotency.settings;
     slot record;
     made integer := 0;
+    -- New partitions and their indexes go where the record table says (ALTER TABLE idempotency.records SET
+    -- TABLESPACE), else to the database's default: never where a caller's default_tablespace points.
+    space text := (SELECT pg_catalog.format(' TABLESPACE %I', t.spcname) FROM pg_catalog.pg_class c
+                     JOIN pg_catalog.pg_tablespace t ON t.oid OPERATOR(pg_catalog.=) c.reltablespace
+                    WHERE c.oid OPERATOR(pg_catalog.=) 'idempotency.records'::pg_catalog.regclass::oid);
 BEGIN
     IF as_of IS NULL THEN
         RAISE EXCEPTION 'idempotency: as_of must not be NULL' USING ERRCODE = '22004';
@@ -123,12 +143,13 @@ BEGIN
                                  AND p.range_to OPERATOR(pg_catalog.>) slot.lo);
         -- Never behind the sealed ones: a slot before the end of the newest seal stays unmade.
         CONTINUE WHEN slot.lo OPERATOR(pg_catalog.<) idempotency.sealed_until();
-        EXECUTE pg_catalog.format('CREATE TABLE idempotency.%I (LIKE idempotency.records INCLUDING DEFAULTS INCLUDING STORAGE)', slot.name);
+        EXECUTE pg_catalog.format('CREATE TABLE idempotency.%I (LIKE idempotency.records INCLUDING DEFAULTS INCLUDING STORAGE)%s',
+                                  slot.name, coalesce(space, ''));
         PERFORM idempotency.index_partition(pg_catalog.format('idempotency.%I', slot.name)::pg_catalog.regclass);
         EXECUTE pg_catalog.format('ALTER TABLE idempotency.records ATTACH PARTITION idempotency.%I FOR VALUES FROM (%s) TO (%s)',
                                   slot.name, idempotency.ts_literal(slot.lo), idempotency.ts_literal(slot.hi));
         INSERT INTO idempotency.partition_ranges (partition, partition_name, range_from, range_to)
-        VALUES (pg_catalog.format('idempotency.%I', slot.name)::pg_catalog.regclass::oid, slot.name, slot.lo, slot.hi);
+        VALUES (pg_catalog.format('idempotency.%I', slot.name)::pg_catalog.regclass, slot.name, slot.lo, slot.hi);
         made := made OPERATOR(pg_catalog.+) 1;
     END LOOP;
     RETURN made;
@@ -163,12 +184,19 @@ LANGUAGE plpgsql AS $$
 DECLARE
     upto timestamptz;
 BEGIN
-    FOR attempt IN 1..3 LOOP
+    FOR attempt IN 1..4 LOOP
         upto := idempotency.sealed_until();
         SELECT p.partition, p.range_from, p.range_to INTO part, range_from, range_to
           FROM idempotency.partition_ranges p
          WHERE p.range_from OPERATOR(pg_catalog.>=) upto
          ORDER BY p.range_from LIMIT 1;
+        IF part IS NOT NULL AND NOT EXISTS (SELECT FROM pg_catalog.pg_inherits i
+                                             WHERE i.inhrelid OPERATOR(pg_catalog.=) part::oid
+                                               AND i.inhparent OPERATOR(pg_catalog.=) 'idempotency.records'::pg_catalog.regclass::oid) THEN
+            -- Dropped or detached by hand: forget it (and learn of any attached by hand), then look again.
+            PERFORM idempotency.sync_partition_ranges();
+            CONTINUE;
+        END IF;
         IF part IS NOT NULL AND range_from OPERATOR(pg_catalog.<=) pg_catalog.now() THEN
             RETURN;
         END IF;
@@ -260,108 +288,11 @@ BEGIN
     PERFORM pg_catalog.set_config('lock_timeout', wait_ms OPERATOR(pg_catalog.||) 'ms', true);
     EXECUTE pg_catalog.format('DROP TABLE %s', part);
     PERFORM pg_catalog.set_config('lock_timeout', saved, true);
-    DELETE FROM idempotency.partition_ranges p WHERE p.partition OPERATOR(pg_catalog.=) part::oid;
-    DELETE FROM idempotency.sealed x WHERE x.partition OPERATOR(pg_catalog.=) part::oid;
+    DELETE FROM idempotency.partition_ranges p WHERE p.partition OPERATOR(pg_catalog.=) part;
+    DELETE FROM idempotency.sealed x WHERE x.partition OPERATOR(pg_catalog.=) part;
     RETURN true;
 EXCEPTION WHEN lock_not_available THEN
     RETURN false;
 END
 $$;
 
--- One maintenance round: partitions made ahead, past ones sealed, expired ones dropped, stuck leases
--- reclaimed. What the native extension's worker does every maintenance_interval; here pg_cron or any
--- scheduler calls it (every minute is right: each round does only what is due).
-CREATE FUNCTION idem_maintenance(as_of timestamptz DEFAULT pg_catalog.now())
-RETURNS TABLE (partitions_created integer, partitions_dropped integer, partitions_deferred integer, leases_reclaimed bigint)
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-    s idempotency.settings;
-    p record;
-    started timestamptz := pg_catalog.clock_timestamp();
-    wait_ms integer;
-BEGIN
-    PERFORM idempotency.check_writable('idem_maintenance');
-    IF as_of IS NULL THEN
-        RAISE EXCEPTION 'idempotency: as_of must not be NULL' USING ERRCODE = '22004';
-    END IF;
-    IF NOT pg_catalog.isfinite(as_of) THEN
-        RAISE EXCEPTION 'idempotency: as_of must be a finite timestamp' USING ERRCODE = '22023';
-    END IF;
-    SELECT * INTO STRICT s FROM idempotency.settings;
-    wait_ms := GREATEST(1, (EXTRACT(epoch FROM s.drop_lock_timeout) OPERATOR(pg_catalog.*) 1000)::integer);
-    -- One round at a time; a round that finds another under way does nothing.
-    IF NOT pg_catalog.pg_try_advisory_xact_lock(pg_catalog.hashtext('idempotency.maintenance')::bigint) THEN
-        RETURN QUERY SELECT 0, 0, 0, 0::bigint;
-        RETURN;
-    END IF;
-    partitions_created := 0; partitions_dropped := 0; partitions_deferred := 0; leases_reclaimed := 0;
-    PERFORM idempotency.sync_partition_ranges();
-    IF s.partition_manager OPERATOR(pg_catalog.=) 'builtin' THEN
-        partitions_created := idempotency.premake_partitions(as_of);
-    END IF;
-    IF s.partition_manager OPERATOR(pg_catalog.<>) 'none' THEN
-        -- Seal the past partitions, oldest first; stop at the first whose writers take too long.
-        FOR p IN SELECT r.partition FROM idempotency.partition_ranges r
-                  WHERE r.range_to OPERATOR(pg_catalog.<=) as_of
-                    AND NOT EXISTS (SELECT FROM idempotency.sealed x WHERE x.partition OPERATOR(pg_catalog.=) r.partition)
-                    AND EXISTS (SELECT FROM idempotency.partition_ranges n WHERE n.range_from OPERATOR(pg_catalog.=) r.range_to)
-                  ORDER BY r.range_from
-        LOOP
-            EXIT WHEN NOT idempotency.seal_partition_within(p.partition, wait_ms);
-        END LOOP;
-    END IF;
-    IF s.partition_manager OPERATOR(pg_catalog.=) 'builtin' THEN
-        FOR p IN SELECT r.partition FROM idempotency.partition_ranges r
-                  WHERE r.range_to OPERATOR(pg_catalog.<=) (as_of OPERATOR(pg_catalog.-) s.retention)
-                    AND EXISTS (SELECT FROM idempotency.sealed x WHERE x.partition OPERATOR(pg_catalog.=) r.partition)
-                  ORDER BY r.range_from
-        LOOP
-            IF idempotency.drop_partition(p.partition::pg_catalog.regclass, wait_ms) THEN
-                partitions_dropped := partitions_dropped OPERATOR(pg_catalog.+) 1;
-            ELSE
-                partitions_deferred := partitions_deferred OPERATOR(pg_catalog.+) 1;
-            END IF;
-        END LOOP;
-    END IF;
-    leases_reclaimed := idempotency.reclaim(as_of OPERATOR(pg_catalog.-) s.reclaim_after);
-    UPDATE idempotency.maintenance_rounds m
-       SET last_round_at = pg_catalog.clock_timestamp(),
-           last_round_micros = (EXTRACT(epoch FROM pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) started)
-                                OPERATOR(pg_catalog.*) 1000000)::bigint,
-           rounds = m.rounds OPERATOR(pg_catalog.+) 1;
-    RETURN NEXT;
-END
-$$;
-COMMENT ON FUNCTION idem_maintenance(timestamptz) IS
-'Runs one maintenance round now: creates the partitions due, drops expired ones and reclaims stuck leases. Returns what it did.';
-
--- Deletes up to 1,000 keys whose lease expired before cutoff and that nobody took over; a row another
--- transaction is writing (locked) is left for the next round.
-CREATE FUNCTION idempotency.reclaim(cutoff timestamptz) RETURNS bigint
-LANGUAGE plpgsql AS $$
-DECLARE
-    n bigint;
-BEGIN
-    WITH stuck AS (
-        SELECT r.tableoid, r.ctid FROM idempotency.records r
-         WHERE r.status OPERATOR(pg_catalog.=) 'pending' AND r.expires_at OPERATOR(pg_catalog.<) cutoff
-         ORDER BY r.expires_at LIMIT 1000
-           FOR UPDATE SKIP LOCKED)
-    DELETE FROM idempotency.records r USING stuck
-     WHERE r.tableoid OPERATOR(pg_catalog.=) stuck.tableoid AND r.ctid OPERATOR(pg_catalog.=) stuck.ctid
-       AND r.status OPERATOR(pg_catalog.=) 'pending' AND r.expires_at OPERATOR(pg_catalog.<) cutoff;
-    GET DIAGNOSTICS n = ROW_COUNT;
-    RETURN n;
-END
-$$;
-
-CREATE FUNCTION idem_partman_handover() RETURNS text
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-BEGIN
-    PERFORM idempotency.check_writable('idem_partman_handover');
-    RAISE EXCEPTION 'idempotency: the SQL edition keeps its partitions itself (idem_maintenance)'
-        USING ERRCODE = '55000', HINT = 'Schedule SELECT idem_maintenance() with pg_cron or an outside scheduler.';
-END
-$$;
-COMMENT ON FUNCTION idem_partman_handover() IS
-'Native extension only: hands the record table''s partitions to pg_partman. The SQL edition raises 55000.';

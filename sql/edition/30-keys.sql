@@ -25,8 +25,15 @@ BEGIN
     END IF;
     fullx := pg_catalog.floor(cur OPERATOR(pg_catalog./) 4294967296) OPERATOR(pg_catalog.*) 4294967296
             OPERATOR(pg_catalog.+) x::text::numeric;
-    IF fullx OPERATOR(pg_catalog.>) cur THEN
+    -- The epoch of x: the one within 2^31 of this transaction's (a subtransaction's xid is a little larger
+    -- than its top-level one, an older row's smaller).
+    IF fullx OPERATOR(pg_catalog.>) (cur OPERATOR(pg_catalog.+) 2147483648) THEN
         fullx := fullx OPERATOR(pg_catalog.-) 4294967296;
+    ELSIF fullx OPERATOR(pg_catalog.<) (cur OPERATOR(pg_catalog.-) 2147483648) THEN
+        fullx := fullx OPERATOR(pg_catalog.+) 4294967296;
+    END IF;
+    IF fullx OPERATOR(pg_catalog.<) 0 THEN
+        RETURN false;
     END IF;
     RETURN pg_catalog.pg_xact_status(fullx::text::xid8) OPERATOR(pg_catalog.=) 'in progress';
 END
@@ -62,11 +69,12 @@ DECLARE
     saved text;
 BEGIN
     FOR round IN 1..3 LOOP
-        -- A record of the key, in a sealed partition (no new rows go there) or in the write partition.
+        -- A record of the key outside the write partition: in a sealed one (no new rows go there), or, after a
+        -- restore or a move, in one ahead of it. Then one in the write partition, where new keys meet.
         SELECT x.tableoid, x.ctid, x.xmin, x.status, x.token, x.attempts, x.fingerprint, x.payload, x.error, x.expires_at
           INTO r FROM idempotency.records x
          WHERE x.key OPERATOR(pg_catalog.=) k AND x.scope OPERATOR(pg_catalog.=) sc
-           AND x.created_at OPERATOR(pg_catalog.<) w_from;
+           AND (x.created_at OPERATOR(pg_catalog.<) w_from OR x.created_at OPERATOR(pg_catalog.>=) w_to);
         IF NOT FOUND THEN
             PERFORM idempotency.check_seals_visible(k, sc);
             token := pg_catalog.nextval('idempotency.token_seq');
@@ -261,6 +269,17 @@ BEGIN
     PERFORM idempotency.authorize('scope', idem_complete.scope, s);
     PERFORM idempotency.check_document('payload', idem_complete.payload, s.max_payload_bytes);
     PERFORM idempotency.check_token(idem_complete.token);
+    -- The common case in one statement: the caller holds the lease (by its token, or as the transaction that
+    -- claimed). Otherwise held_row finds out why not, and raises.
+    UPDATE idempotency.records x
+       SET status = 'completed', payload = idem_complete.payload, updated_at = pg_catalog.clock_timestamp(), expires_at = NULL
+     WHERE x.key OPERATOR(pg_catalog.=) idem_complete.key AND x.scope OPERATOR(pg_catalog.=) idem_complete.scope
+       AND x.status OPERATOR(pg_catalog.=) 'pending' AND x.token IS NOT NULL
+       AND CASE WHEN idem_complete.token IS NULL THEN idempotency.written_here(x.xmin)
+                ELSE x.token OPERATOR(pg_catalog.=) idem_complete.token END;
+    IF FOUND THEN
+        RETURN;
+    END IF;
     h := idempotency.held_row(idem_complete.key, idem_complete.scope, idem_complete.token);
     UPDATE idempotency.records x
        SET status = 'completed', payload = idem_complete.payload, updated_at = pg_catalog.clock_timestamp(), expires_at = NULL
@@ -338,7 +357,7 @@ BEGIN
     LOOP
         IF EXISTS (SELECT FROM idempotency.records x
                     WHERE x.key OPERATOR(pg_catalog.=) k AND x.scope OPERATOR(pg_catalog.=) sc
-                      AND x.created_at OPERATOR(pg_catalog.<) w_from) THEN
+                      AND (x.created_at OPERATOR(pg_catalog.<) w_from OR x.created_at OPERATOR(pg_catalog.>=) w_to)) THEN
             RETURN false;
         END IF;
         PERFORM idempotency.check_seals_visible(k, sc);

@@ -4,6 +4,14 @@
 
 -- The keys argument checked as the native extension checks it: NULL array or element 22004, more than
 -- max_batch_keys 54000 (before any key is read), each key as idem_claim's.
+CREATE FUNCTION idempotency.too_many_keys(n integer, max_keys integer) RETURNS void
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+BEGIN
+    RAISE EXCEPTION 'idempotency: batch has % keys, over the limit of %', n, max_keys
+        USING ERRCODE = '54000', HINT = 'The limit is set by idempotency.max_batch_keys; split the batch.';
+END
+$$;
+
 CREATE FUNCTION idempotency.check_keys(keys text[], s idempotency.settings) RETURNS void
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
 DECLARE
@@ -15,8 +23,7 @@ BEGIN
         RAISE EXCEPTION 'idempotency: keys must not be NULL' USING ERRCODE = '22004';
     END IF;
     IF n OPERATOR(pg_catalog.>) s.max_batch_keys THEN
-        RAISE EXCEPTION 'idempotency: batch has % keys, over the limit of %', n, s.max_batch_keys
-            USING ERRCODE = '54000', HINT = 'The limit is set by idempotency.max_batch_keys; split the batch.';
+        PERFORM idempotency.too_many_keys(n, s.max_batch_keys);
     END IF;
     -- One pass finds the first key check_ident would refuse; that key alone goes through it, for its error.
     SELECT true, u.k INTO found_bad, bad
@@ -39,6 +46,7 @@ RETURNS TABLE (key text, outcome text, token bigint, attempts integer, payload j
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     s idempotency.settings := idempotency.config();
+    size integer;
     t interval;
     w record;
     c record;
@@ -46,6 +54,11 @@ DECLARE
     answers idempotency.claim_answer[];
 BEGIN
     PERFORM idempotency.check_writable('idem_claim_batch');
+    -- The size first, from the argument as it came: an array passed on in a query (check_keys) is copied.
+    IF pg_catalog.cardinality(idem_claim_batch.keys) OPERATOR(pg_catalog.>) s.max_batch_keys THEN
+        size := pg_catalog.cardinality(idem_claim_batch.keys);
+        PERFORM idempotency.too_many_keys(size, s.max_batch_keys);
+    END IF;
     PERFORM idempotency.check_keys(idem_claim_batch.keys, s);
     PERFORM idempotency.check_ident('scope', idem_claim_batch.scope, s.max_key_bytes);
     PERFORM idempotency.authorize('scope', idem_claim_batch.scope, s);
@@ -58,7 +71,7 @@ BEGIN
             SELECT DISTINCT u.k FROM pg_catalog.unnest(idem_claim_batch.keys) AS u(k)
              WHERE NOT EXISTS (SELECT FROM idempotency.records x
                                 WHERE x.key OPERATOR(pg_catalog.=) u.k AND x.scope OPERATOR(pg_catalog.=) idem_claim_batch.scope
-                                  AND x.created_at OPERATOR(pg_catalog.<) w.range_from)),
+                                  AND (x.created_at OPERATOR(pg_catalog.<) w.range_from OR x.created_at OPERATOR(pg_catalog.>=) w.range_to))),
         written AS (
             INSERT INTO idempotency.records AS x (scope, key, status, token, attempts, created_at, updated_at, expires_at)
             SELECT idem_claim_batch.scope, f.k, 'pending', pg_catalog.nextval('idempotency.token_seq'), 1,
@@ -105,12 +118,18 @@ RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     s idempotency.settings := idempotency.config();
+    size integer;
     n integer := coalesce(pg_catalog.cardinality(idem_complete_batch.keys), 0);
     one record;
     h record;
     done integer := 0;
 BEGIN
     PERFORM idempotency.check_writable('idem_complete_batch');
+    -- The size first, from the argument as it came: an array passed on in a query (check_keys) is copied.
+    IF pg_catalog.cardinality(idem_complete_batch.keys) OPERATOR(pg_catalog.>) s.max_batch_keys THEN
+        size := pg_catalog.cardinality(idem_complete_batch.keys);
+        PERFORM idempotency.too_many_keys(size, s.max_batch_keys);
+    END IF;
     PERFORM idempotency.check_keys(idem_complete_batch.keys, s);
     PERFORM idempotency.check_ident('scope', idem_complete_batch.scope, s.max_key_bytes);
     PERFORM idempotency.authorize('scope', idem_complete_batch.scope, s);
@@ -149,10 +168,16 @@ CREATE FUNCTION idem_once_batch(keys text[], scope text DEFAULT 'default') RETUR
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     s idempotency.settings := idempotency.config();
+    size integer;
     w record;
     fresh text[];
 BEGIN
     PERFORM idempotency.check_writable('idem_once_batch');
+    -- The size first, from the argument as it came: an array passed on in a query (check_keys) is copied.
+    IF pg_catalog.cardinality(idem_once_batch.keys) OPERATOR(pg_catalog.>) s.max_batch_keys THEN
+        size := pg_catalog.cardinality(idem_once_batch.keys);
+        PERFORM idempotency.too_many_keys(size, s.max_batch_keys);
+    END IF;
     PERFORM idempotency.check_keys(idem_once_batch.keys, s);
     PERFORM idempotency.check_ident('scope', idem_once_batch.scope, s.max_key_bytes);
     PERFORM idempotency.authorize('scope', idem_once_batch.scope, s);
@@ -165,7 +190,7 @@ BEGIN
               FROM (SELECT DISTINCT u.k FROM pg_catalog.unnest(idem_once_batch.keys) AS u(k)) d
              WHERE NOT EXISTS (SELECT FROM idempotency.records o
                                 WHERE o.key OPERATOR(pg_catalog.=) d.k AND o.scope OPERATOR(pg_catalog.=) idem_once_batch.scope
-                                  AND o.created_at OPERATOR(pg_catalog.<) w.range_from)
+                                  AND (o.created_at OPERATOR(pg_catalog.<) w.range_from OR o.created_at OPERATOR(pg_catalog.>=) w.range_to))
              ORDER BY d.k
             ON CONFLICT DO NOTHING
             RETURNING x.key)

@@ -37,6 +37,20 @@ SELECT count(*) FROM idem_once_batch(ARRAY(SELECT 'b-' || i FROM generate_series
 SET idempotency.require_scope_grants = on;
 SELECT idem_once('strict');
 SET idempotency.require_scope_grants = off;
+RESET ROLE;
+-- A limit or policy a DBA set for the role (ALTER ROLE ... SET) is a floor its sessions cannot loosen.
+ALTER ROLE idem_plain SET idempotency.require_scope_grants = on;
+ALTER ROLE idem_plain SET idempotency.max_key_bytes = 16;
+SET ROLE idem_plain;
+SET idempotency.require_scope_grants = off;
+SELECT idem_once('strict-again');
+SET idempotency.max_key_bytes = 512;
+SELECT idem_once(repeat('k', 17));
+RESET ROLE;
+ALTER ROLE idem_plain RESET ALL;
+SET ROLE idem_plain;
+RESET idempotency.max_key_bytes;
+SELECT idem_once(repeat('k', 17)) AS long_key_again;
 -- No access to the settings themselves.
 SELECT * FROM idempotency.settings;
 UPDATE idempotency.settings SET max_key_bytes = 100000;
