@@ -23,6 +23,8 @@ def run(bench):
     t0 = time.time()
     so_before = so_sha256()
     psql_file(os.path.join(SQL, "schema.sql"))
+    if workloads.edition_wanted(bench):
+        workloads.setup_edition(bench)
     workloads.main_matrix(bench)
     if not a.skip_growth:
         workloads.growth(bench)
@@ -49,7 +51,8 @@ def main():
     ap.add_argument("--rounds", type=int, help="runs per row, the median is reported (default 3; quick 1)")
     ap.add_argument("--clients", help="client counts, comma-separated (default 8; quick 4); the dup20 variants and batches run at the largest")
     ap.add_argument("--sync", default="on,off", help="synchronous_commit settings to run (default on,off)")
-    ap.add_argument("--only", help="regex on workload ids (w1, w2a, ..., r_nx_p16, b_once_1000, g_, ret)")
+    ap.add_argument("--only", help="regex on workload ids (w1, w2a, ..., r_nx_p16, b_once_1000, g_, ret), or a named "
+                    "selection: " + ", ".join(f"{k} = {v}" for k, v in workloads.SELECTIONS.items()))
     ap.add_argument("--growth-sizes", help="retained keys for workload 8 (default 0,1000000,10000000; quick 0,100000,1000000)")
     ap.add_argument("--retention-rows", type=int, help="keys in the dropped partition (default 1000000; quick 100000)")
     ap.add_argument("--skip-redis", action="store_true")
@@ -61,6 +64,8 @@ def main():
     ap.add_argument("--max-wait", type=float, help="seconds to wait before a run for a busy machine to calm down (default 0)")
     args = ap.parse_args()
     args.passthrough = [x for x in sys.argv[1:] if x != "--quick"]
+    if args.only in workloads.SELECTIONS:
+        args.only = workloads.SELECTIONS[args.only]
     args.duration = args.duration or 2
     args.rounds = args.rounds or (1 if args.quick else 3)
     args.clients = [int(c) for c in (args.clients or ("4" if args.quick else "8")).split(",")]

@@ -71,6 +71,24 @@ def targets(bench):
         ratio("wk_bo_100", "wk_bf_100", "on"), lambda v: v >= 0.9, f"keys/s wk_bo_100 / wk_bf_100, {top} clients")
     add("a week of keys: claim + complete batches (100) >= 1.0x hand-written (pg sync=on)", ">= 1.00",
         ratio("wk_bc_100", "wk_bh_100", "on"), lambda v: v >= 1.0, f"keys/s wk_bc_100 / wk_bh_100, {top} clients")
+    # Issue 28: the SQL edition against the same hand-written SQL, fresh and at a week of keys.
+    for cls in bench.args.sync:
+        lab = PG_DURABILITY[cls]
+        add(f"SQL edition: claim + complete (1 tx) >= 0.9x 5a, the hand-written pair ({lab})", ">= 0.90",
+            ratio("e_w3", "w5a", cls), lambda v: v >= 0.9, f"throughput e_w3 / w5a, new keys, {top} clients")
+        add(f"SQL edition: idem_once + business row >= 1.0x 5a + business row ({lab})", ">= 1.00",
+            ratio("e_w2b", "w5a_biz", cls), lambda v: v >= 1.0, f"throughput e_w2b / w5a_biz, new keys, {top} clients")
+        for n in (100, 1000):
+            add(f"SQL edition: idem_once_batch({n}) >= 0.8x bare batch insert ({lab})", ">= 0.80",
+                ratio(f"e_bo_{n}", f"bf_{n}", cls), lambda v: v >= 0.8, f"keys/s e_bo_{n} / bf_{n}, new keys, {top} clients")
+    wk = f"{human(bench.args.retained_keys)} keys, {top} clients"
+    add("a week of keys: SQL edition claim + complete >= 0.9x 5a (pg sync=on)", ">= 0.90",
+        ratio("wk_e_w3", "wk_w5a", "on"), lambda v: v >= 0.9, f"throughput wk_e_w3 / wk_w5a, {wk}")
+    add("a week of keys: SQL edition idem_once + business row >= 1.0x 5a + business row (pg sync=on)", ">= 1.00",
+        ratio("wk_e_w2b", "wk_w5a_biz", "on"), lambda v: v >= 1.0, f"throughput wk_e_w2b / wk_w5a_biz, {wk}")
+    for n in (100, 1000):
+        add(f"a week of keys: SQL edition idem_once_batch({n}) >= 0.8x bare batch insert (pg sync=on)", ">= 0.80",
+            ratio(f"wk_e_bo_{n}", f"wk_bf_{n}", "on"), lambda v: v >= 0.8, f"keys/s wk_e_bo_{n} / wk_bf_{n}, {wk}")
     counts = bench.args.partition_counts
     add(f"{counts[-1]} partitions >= 0.95x the claims/s of {counts[0]}", ">= 0.95",
         ratio(f"p_{len(counts) - 1}", "p_0", "off", 1), lambda v: v >= 0.95, "throughput, 1 client, sync=off")
@@ -135,6 +153,9 @@ def output(bench, meta, targets):
           f"* PostgreSQL settings: " + ", ".join(f"{k}={v}" for k, v in meta["postgres_settings"].items()),
           f"* extension {meta['extension_version']}, git {meta['git_commit']}" + (" (with uncommitted changes in src/ or sql/)" if meta["git_worktree_dirty"] else "") + f", idempotency.so sha256 {meta['extension_so_sha256'][:16]}",
           f"* {meta['redis']}"]
+    if meta.get("edition_version"):
+        md.append(f"* SQL edition {meta['edition_version']} (scripts/sql-edition, plain script installed by a non-superuser owner) "
+                  f"in database {meta['edition_database']} of the same cluster; its rows say \"SQL edition\"")
     for cls, line in meta["redis_command_lines"].items():
         md.append(f"* redis ({REDIS_CONFIGS[cls][0]}): `{line}`")
     if meta["runs_with_busy_machine"]:

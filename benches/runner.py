@@ -45,16 +45,17 @@ def log(msg):
 
 # ---------------------------------------------------------------- PostgreSQL helpers
 
-def conninfo(user="postgres", sync="on"):
+def conninfo(user="postgres", sync="on", dbname="postgres"):
     opts = "" if sync == "on" else " options='-c synchronous_commit=off'"
-    return f"host={SOCK} port={PORT} user={user} dbname=postgres{opts}"
+    return f"host={SOCK} port={PORT} user={user} dbname={dbname}{opts}"
 
 
 class Admin:
-    """One superuser connection in autocommit for setup, resets and measurements."""
+    """One superuser connection in autocommit for setup, resets and measurements (to the database
+    postgres, where the native extension is, or to another one: the SQL edition's)."""
 
-    def __init__(self):
-        self.conn = psycopg.connect(conninfo(), autocommit=True)
+    def __init__(self, dbname="postgres"):
+        self.conn = psycopg.connect(conninfo(dbname=dbname), autocommit=True)
 
     def q(self, sql, args=None):
         cur = self.conn.execute(sql, args)
@@ -64,8 +65,8 @@ class Admin:
         return self.q(sql, args)[0][0]
 
 
-def psql_file(path, **variables):
-    cmd = ["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-h", SOCK, "-p", PORT, "-U", "postgres", "-d", "postgres", "-f", path]
+def psql_file(path, user="postgres", dbname="postgres", **variables):
+    cmd = ["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-h", SOCK, "-p", PORT, "-U", user, "-d", dbname, "-f", path]
     for k, v in variables.items():
         cmd[1:1] = ["-v", f"{k}={v}"]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
@@ -97,7 +98,7 @@ def so_sha256():
         return hashlib.sha256(f.read()).hexdigest()
 
 
-def run_pgbench(script, clients, duration, sync, variables):
+def run_pgbench(script, clients, duration, sync, variables, dbname="postgres"):
     shutil.rmtree(LOGDIR, ignore_errors=True)
     os.makedirs(LOGDIR)
     env = dict(os.environ)
@@ -109,7 +110,7 @@ def run_pgbench(script, clients, duration, sync, variables):
            "-l", "--log-prefix", os.path.join(LOGDIR, "tx"), "-f", os.path.join(SQL, script)]
     for k, v in variables.items():
         cmd += ["-D", f"{k}={v}"]
-    cmd.append("postgres")
+    cmd.append(dbname)
     p = subprocess.run(cmd, env=env, cwd=LOGDIR, capture_output=True, text=True, timeout=duration + 300)
     if p.returncode != 0 or "aborted" in p.stderr:
         raise RuntimeError(f"pgbench {script} failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
@@ -309,6 +310,8 @@ class Bench:
                 "shared_buffers", "max_wal_size", "checkpoint_timeout", "wal_level", "fsync", "wal_sync_method",
                 "max_connections", "max_locks_per_transaction", "shared_preload_libraries")},
             "extension_version": self.admin.one("SELECT extversion FROM pg_extension WHERE extname = 'idempotency'"),
+            "edition_version": getattr(self, "edition_version", None),
+            "edition_database": getattr(self, "edition_database", None),
             "extension_so_sha256": so_hash,
             "git_commit": sh(f"git -C {ROOT} rev-parse --short HEAD"),
             "git_worktree_dirty": bool(sh(f"git -C {ROOT} status --porcelain -- src sql Cargo.toml")),

@@ -4,9 +4,10 @@ reference row), the start state every measured run begins from, and how each wor
 retention procedures). benches/README.md describes them; runner.py runs them, report.py tabulates them.
 """
 import os
+import subprocess
 import time
 
-from runner import SQL, Job, Redis, log, run_pgbench, run_pydriver
+from runner import LOGDIR, ROOT, SQL, Admin, Job, Redis, log, psql_file, run_pgbench, run_pydriver
 
 DUPKEYS = 10000  # preloaded keys 1..DUPKEYS; the dup20 variant draws 20% of its keys there
 DUP_PCT = 20
@@ -19,6 +20,11 @@ REDIS_CONFIGS = {
 }
 PG_DURABILITY = {"on": "pg sync=on", "off": "pg sync=off"}
 
+# The SQL edition (issue 28) runs in its own database of the same cluster (it and the native extension both
+# use the schema idempotency), installed there by that database's owner, a non-superuser with CREATEROLE.
+EDITION_DB = "bench_edition"
+EDITION_OWNER = "bench_edition_owner"
+
 # id -> (group, label, unit)
 WORKLOADS = {
     "w1": ("dedup", "1 floor: INSERT .. ON CONFLICT DO NOTHING", "tx/s"),
@@ -27,9 +33,11 @@ WORKLOADS = {
     "r_nx_p1": ("dedup", "6 redis SET k v NX EX 30", "req/s"),
     "w5a_biz": ("business", "5a + business row (5 stmts)", "tx/s"),
     "w2b": ("business", "2b idem_once + business row (4 stmts)", "tx/s"),
+    "e_w2b": ("business", "2b SQL edition: idem_once + business row (4 stmts)", "tx/s"),
     "w5a": ("message", "5a INSERT PENDING; UPDATE COMPLETED", "msg/s"),
     "w5b": ("message", "5b SELECT FOR UPDATE; INSERT; UPDATE", "msg/s"),
     "w3": ("message", "3 idem_claim + idem_complete, 1 tx", "msg/s"),
+    "e_w3": ("message", "3 SQL edition: idem_claim + idem_complete, 1 tx", "msg/s"),
     "w4": ("message", "4 claim; commit; complete(token); commit", "msg/s"),
     "r_pair_p1": ("message", "6 redis SET NX EX 30 then SET done (derived)", "msg/s"),
     "r_lua_p1": ("message", "6 redis same pair in one Lua EVAL", "msg/s"),
@@ -47,10 +55,12 @@ WORKLOADS = {
     # Batches side by side with what users write by hand for a poll, per batch size (issue 21).
     "bf_100": ("batch100", "12 bare batch INSERT ... ON CONFLICT DO NOTHING, 100 keys", "keys/s"),
     "bo_100": ("batch100", "12 idem_once_batch, 100 keys", "keys/s"),
+    "e_bo_100": ("batch100", "12 SQL edition: idem_once_batch, 100 keys", "keys/s"),
     "bh_100": ("batch100", "12 hand-written INSERT PENDING; UPDATE COMPLETED, 100 keys, 1 tx", "keys/s"),
     "bc_100": ("batch100", "12 idem_claim_batch + idem_complete_batch, 100 keys, 1 tx", "keys/s"),
     "bf_1000": ("batch1000", "12 bare batch INSERT ... ON CONFLICT DO NOTHING, 1000 keys", "keys/s"),
     "bo_1000": ("batch1000", "12 idem_once_batch, 1000 keys", "keys/s"),
+    "e_bo_1000": ("batch1000", "12 SQL edition: idem_once_batch, 1000 keys", "keys/s"),
     "bh_1000": ("batch1000", "12 hand-written INSERT PENDING; UPDATE COMPLETED, 1000 keys, 1 tx", "keys/s"),
     "bc_1000": ("batch1000", "12 idem_claim_batch + idem_complete_batch, 1000 keys, 1 tx", "keys/s"),
     "py_floor": ("pydriver", "1 floor, Python driver", "tx/s"),
@@ -67,11 +77,20 @@ WORKLOADS = {
     "wk_w2a": ("week", "10 idem_once, {n} keys over 7 daily partitions", "tx/s"),
     "wk_w5a": ("week", "10 5a INSERT PENDING; UPDATE COMPLETED, {n} keys", "msg/s"),
     "wk_w3": ("week", "10 idem_claim + idem_complete, {n} keys over 7 daily partitions", "msg/s"),
+    "wk_e_w3": ("week", "10 SQL edition: idem_claim + idem_complete, {n} keys over 7 daily partitions", "msg/s"),
+    # The business row at a week of keys (issue 28): the hand-written pattern, the extension, the SQL edition.
+    "wk_w5a_biz": ("weekbiz", "10 5a + business row (5 stmts), {n} keys", "tx/s"),
+    "wk_w2b": ("weekbiz", "10 idem_once + business row (4 stmts), {n} keys over 7 daily partitions", "tx/s"),
+    "wk_e_w2b": ("weekbiz", "10 SQL edition: idem_once + business row (4 stmts), {n} keys over 7 daily partitions", "tx/s"),
     # Issue 21's batches of 100 keys at a week of retained keys.
     "wk_bf_100": ("weekbatch", "10 bare batch INSERT ... ON CONFLICT DO NOTHING, 100 keys, {n} keys retained", "keys/s"),
     "wk_bo_100": ("weekbatch", "10 idem_once_batch, 100 keys, {n} keys over 7 daily partitions", "keys/s"),
+    "wk_e_bo_100": ("weekbatch", "10 SQL edition: idem_once_batch, 100 keys, {n} keys over 7 daily partitions", "keys/s"),
     "wk_bh_100": ("weekbatch", "10 hand-written INSERT PENDING; UPDATE COMPLETED, 100 keys, {n} keys", "keys/s"),
     "wk_bc_100": ("weekbatch", "10 idem_claim_batch + idem_complete_batch, 100 keys, {n} keys over 7 daily partitions", "keys/s"),
+    "wk_bf_1000": ("weekbatch1000", "10 bare batch INSERT ... ON CONFLICT DO NOTHING, 1000 keys, {n} keys retained", "keys/s"),
+    "wk_bo_1000": ("weekbatch1000", "10 idem_once_batch, 1000 keys, {n} keys over 7 daily partitions", "keys/s"),
+    "wk_e_bo_1000": ("weekbatch1000", "10 SQL edition: idem_once_batch, 1000 keys, {n} keys over 7 daily partitions", "keys/s"),
     "mo_w1": ("month", "10 floor, {n} keys retained", "tx/s"),
     "mo_w2a": ("month", "10 idem_once, {n} keys over 30 daily partitions", "tx/s"),
     "mo_w5a": ("month", "10 5a INSERT PENDING; UPDATE COMPLETED, {n} keys", "msg/s"),
@@ -82,10 +101,18 @@ WORKLOADS = {
 }
 REFERENCE = {
     "dedup": "w1", "business": "w5a_biz", "message": "w5a", "batch": "r_nx_p16",
-    "pydriver": "py_floor", "growth": "g_0", "partitions": "p_0", "week": "wk_w1", "weekbatch": "wk_bf_100", "month": "mo_w1",
+    "pydriver": "py_floor", "growth": "g_0", "partitions": "p_0", "week": "wk_w1", "weekbatch": "wk_bf_100",
+    "weekbiz": "wk_w5a_biz", "weekbatch1000": "wk_bf_1000", "month": "mo_w1",
     "stats": "st_off", "batch100": "bf_100", "batch1000": "bf_1000",
 }
-GROUP_ORDER = ["dedup", "business", "message", "batch", "batch100", "batch1000", "pydriver", "growth", "partitions", "week", "weekbatch", "month", "stats"]
+GROUP_ORDER = ["dedup", "business", "message", "batch", "batch100", "batch1000", "pydriver", "growth", "partitions", "week", "weekbiz", "weekbatch",
+               "weekbatch1000", "month", "stats"]
+# Named selections for --only (bench.py): a name here stands for its regex on workload ids.
+SELECTIONS = {
+    # The SQL edition (issue 28) beside the native extension and the hand-written SQL it is measured against,
+    # fresh and at a week of keys.
+    "edition": r"^(wk_)?(e_)?(w5a|w3|w5a_biz|w2b|bf_100|bo_100|bf_1000|bo_1000)$",
+}
 # In this order, so that the rows a ratio compares run back to back (noise hits them alike).
 PGBENCH_SCRIPTS = {
     "w1": "w1_floor.sql", "w2a": "w2a_once.sql", "w5c": "w5c_plain_insert.sql",
@@ -93,6 +120,8 @@ PGBENCH_SCRIPTS = {
     "w5a": "w5a_pending_update.sql", "w5b": "w5b_select_for_update.sql", "w3": "w3_claim_complete.sql",
     "w4": "w4_claim_complete_2tx.sql",
 }
+# The SQL edition's rows: the same pgbench scripts in its database, each run right after the extension's row.
+EDITION_SCRIPTS = {"w2b": ("e_w2b", "w2b_once_biz.sql"), "w3": ("e_w3", "w3_claim_complete.sql")}
 LUA_PAIR = ("if redis.call('SET', KEYS[1], 'v', 'NX', 'EX', 30) then "
             "redis.call('SET', KEYS[1], 'done', 'EX', 86400) return 1 end return 0")
 
@@ -109,11 +138,35 @@ def job(wid, *args, **kw):
     return Job(wid, WORKLOADS[wid], *args, **kw)
 
 
-def reset_tables(admin):
-    """benches/sql/reset.sql (what `psql -v dupkeys=N -f` would run), then a CHECKPOINT."""
-    with open(os.path.join(SQL, "reset.sql")) as f:
+def reset_tables(admin, script="reset.sql"):
+    """benches/sql/reset.sql (what `psql -v dupkeys=N -f` would run), then a CHECKPOINT; reset_edition.sql
+    in the SQL edition's database."""
+    with open(os.path.join(SQL, script)) as f:
         admin.conn.execute(f.read().replace(":dupkeys", str(DUPKEYS)))
     admin.q("CHECKPOINT")
+
+
+def edition_wanted(bench):
+    return any(bench.wanted(w) for w in WORKLOADS if w.startswith(("e_", "wk_e_")))
+
+
+def setup_edition(bench):
+    """The SQL edition in its own database of this cluster, as a managed service's user installs it: the
+    install script from scripts/sql-edition, run with `psql -v ON_ERROR_STOP=1 -f` by the database's owner,
+    a non-superuser with CREATEROLE; then sql/edition_schema.sql as that owner. bench.edition_admin is a
+    superuser connection to that database for the resets and the loads."""
+    out = os.path.join(LOGDIR + "-edition")
+    subprocess.run([os.path.join(ROOT, "scripts", "sql-edition"), out], check=True, stdout=subprocess.DEVNULL)
+    bench.admin.q(f"CREATE ROLE {EDITION_OWNER} LOGIN CREATEROLE NOSUPERUSER")
+    bench.admin.q(f"CREATE DATABASE {EDITION_DB} OWNER {EDITION_OWNER}")
+    t0 = time.time()
+    psql_file(os.path.join(out, "idempotency.sql"), user=EDITION_OWNER, dbname=EDITION_DB)
+    psql_file(os.path.join(SQL, "edition_schema.sql"), user=EDITION_OWNER, dbname=EDITION_DB)
+    bench.edition_admin = Admin(EDITION_DB)
+    bench.edition_version = bench.edition_admin.one("SELECT idempotency.edition_version()")
+    bench.edition_database = EDITION_DB
+    log(f"SQL edition {bench.edition_version} installed in database {EDITION_DB} by {EDITION_OWNER} "
+        f"(no superuser) in {time.time() - t0:.1f}s")
 
 
 # ---- PostgreSQL workloads 1-5, 7 and the Python-driver rows
@@ -122,12 +175,15 @@ def pg_jobs(bench, sync):
     dur = PG_DURABILITY[sync]
     jobs = []
 
-    def pgbench_fn(script, clients, variables, count_records=False):
+    def pgbench_fn(script, clients, variables, count_records=False, edition=False):
+        admin, reset, db = ((bench.edition_admin, "reset_edition.sql", EDITION_DB) if edition
+                            else (bench.admin, "reset.sql", "postgres"))
+
         def fn():
-            reset_tables(bench.admin)
-            r = run_pgbench(script, clients, a.duration, sync, variables)
+            reset_tables(admin, reset)
+            r = run_pgbench(script, clients, a.duration, sync, variables, db)
             if count_records:
-                r["rows_after"] = bench.admin.one("SELECT count(*) FROM idempotency.records")
+                r["rows_after"] = admin.one("SELECT count(*) FROM idempotency.records")
             return r
         return fn
 
@@ -142,10 +198,15 @@ def pg_jobs(bench, sync):
         for keys in (["new", "dup20"] if top else ["new"]):
             dup = DUP_PCT if keys == "dup20" else 0
             for wid, script in PGBENCH_SCRIPTS.items():
-                if not bench.wanted(wid) or (wid == "w5c" and dup):
+                if wid == "w5c" and dup:
                     continue  # 5c with duplicates: pgbench aborts on the error; see the pydriver rows
-                fn = pgbench_fn(script, clients, {"dup": dup, "dupkeys": DUPKEYS}, wid in ("w2a", "w2b", "w3", "w4"))
-                jobs.append(job(wid, keys, sync, dur, clients, "pgbench", fn))
+                if bench.wanted(wid):
+                    fn = pgbench_fn(script, clients, {"dup": dup, "dupkeys": DUPKEYS}, wid in ("w2a", "w2b", "w3", "w4"))
+                    jobs.append(job(wid, keys, sync, dur, clients, "pgbench", fn))
+                if wid in EDITION_SCRIPTS and bench.wanted(EDITION_SCRIPTS[wid][0]):
+                    eid, escript = EDITION_SCRIPTS[wid]
+                    fn = pgbench_fn(escript, clients, {"dup": dup, "dupkeys": DUPKEYS}, True, edition=True)
+                    jobs.append(job(eid, keys, sync, dur, clients, "pgbench", fn))
             if not top:
                 continue
             for kind in ("once", "claim"):
@@ -158,10 +219,11 @@ def pg_jobs(bench, sync):
             # Issue 21's batches: each beside its hand-written counterpart, the same keys drawn the same way.
             for n in (100, 1000):
                 for wid, script in ((f"bf_{n}", "w12_floor_batch.sql"), (f"bo_{n}", "w12_once_batch.sql"),
+                                    (f"e_bo_{n}", "w12_once_batch.sql"),
                                     (f"bh_{n}", "w12_hand_batch.sql"), (f"bc_{n}", "w12_claim_complete_batch.sql")):
                     if not bench.wanted(wid) or (a.quick and dup):
                         continue
-                    fn = pgbench_fn(script, clients, {"dup": dup, "dupkeys": DUPKEYS, "n": n})
+                    fn = pgbench_fn(script, clients, {"dup": dup, "dupkeys": DUPKEYS, "n": n}, edition=wid.startswith("e_"))
                     jobs.append(job(wid, keys, sync, dur, clients, "pgbench", fn, unit_factor=n))
             for wid, w in (("py_floor", "floor"), ("py_5c", "plain_insert")):
                 if not bench.wanted(wid) or (a.quick and dup and wid == "py_floor"):
@@ -262,8 +324,8 @@ def main_matrix(bench):
 
 
 # ---- workload 8: growth
-def partitions(bench):
-    rows = bench.admin.q("""
+def partitions(bench, admin=None):
+    rows = (admin or bench.admin).q("""
         SELECT c.relname, m[1]::timestamptz, m[2]::timestamptz
           FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid,
                regexp_match(pg_get_expr(c.relpartbound, c.oid), 'FROM \\(''([^'']*)''\\) TO \\(''([^'']*)''\\)') m
@@ -271,26 +333,30 @@ def partitions(bench):
     return rows
 
 
-def interval(bench):
+def interval(bench, admin=None):
+    if admin is not None and admin is not bench.admin:  # the SQL edition: its settings table
+        return admin.one("SELECT partition_interval::text FROM idempotency.settings")
     return bench.admin.one("SELECT coalesce(current_setting('idempotency.partition_interval', true), '1d')")
 
 
-def past_partitions(bench, count):
-    """The `count` partitions ending with the current one (created for past days if needed)."""
+def past_partitions(bench, count, admin=None):
+    """The `count` partitions ending with the current one (created for past days if needed). The SQL
+    edition's idempotency.premake_partitions(as_of) makes them the same way."""
+    admin = admin or bench.admin
     # premake_partitions makes its slot and `premake` ahead: one call per past slot leaves no gap.
     for k in range(count - 1, 0, -1):
-        bench.admin.q("SELECT idempotency.premake_partitions(now() - %s::interval * %s)", (interval(bench), k))
-    now = bench.admin.one("SELECT now()")
-    parts = [p for p in partitions(bench) if p[1] <= now]
+        admin.q("SELECT idempotency.premake_partitions(now() - %s::interval * %s)", (interval(bench, admin), k))
+    now = admin.one("SELECT now()")
+    parts = [p for p in partitions(bench, admin) if p[1] <= now]
     return parts[-count:]
 
 
-def load_retained(bench, parts, first, last, spread):
+def load_retained(bench, parts, first, last, spread, admin=None):
     """Keys first..last (a permutation of 1..10^10, so they interleave with the benchmark's
     keys in the index), completed, created_at spread evenly over the given partitions."""
     values = ", ".join(f"({i}, '{lo.isoformat()}'::timestamptz, least('{hi.isoformat()}'::timestamptz, now()))"
                        for i, (_, lo, hi) in enumerate(parts))
-    bench.admin.q(f"""
+    (admin or bench.admin).q(f"""
         INSERT INTO idempotency.records (scope, key, status, attempts, payload, created_at, updated_at)
         SELECT 'default', ((g * 999983) %% 10000000019)::text, 'completed', 1, %s::jsonb,
                p.lo + (p.hi - p.lo) * ((g %% 9973) / 9973.0), now()
@@ -372,12 +438,14 @@ def production_shape(bench):
     """Default GUCs, `keys` completed keys spread over the past 7 (then 30) daily partitions, sealed by a
     maintenance round as the worker would; the floor table and the hand-written table hold the same
     number of keys. New keys only, synchronous_commit = on, the largest client count. Tables are not
-    reset between runs: the runs add a few tens of thousands of keys to millions."""
+    reset between runs: the runs add a few tens of thousands of keys to millions. At a week, the SQL
+    edition's database gets the same keys the same way (its premake_partitions, then idem_maintenance(),
+    which seals the past partitions)."""
     a = bench.args
     keys = a.retained_keys
     clients = max(a.clients)
     for group, prefix, days in (("week", "wk", 7), ("month", "mo", 30)):
-        if not bench.wanted(f"{prefix}_"):
+        if not any(bench.wanted(w) for w in WORKLOADS if w.startswith(prefix + "_")):
             continue
         log(f"{group}: {keys:,} retained keys over {days} daily partitions")
         t0 = time.time()
@@ -399,27 +467,45 @@ def production_shape(bench):
         sealed = bench.admin.one("SELECT count(*) FROM idempotency.sealed WHERE blocks > 0")
         nparts = len(partitions(bench))
         log(f"{group}: loaded in {time.time() - t0:.0f}s; {nparts} partitions, {sealed} sealed with filters")
+        edition = prefix == "wk" and any(bench.wanted(w) for w in WORKLOADS if w.startswith("wk_e_"))
+        if edition:
+            t0 = time.time()
+            ed = bench.edition_admin
+            reset_tables(ed, "reset_edition.sql")
+            eparts = past_partitions(bench, days + 1, ed)[:-1]
+            load_retained(bench, eparts, 1, keys, len(eparts), ed)
+            ed.q("VACUUM ANALYZE business_rows, idempotency.records")
+            ed.q("SELECT FROM idem_maintenance()")
+            esealed = ed.one("SELECT count(*) FROM idempotency.sealed")
+            enparts = len(partitions(bench, ed))
+            log(f"{group}: SQL edition loaded in {time.time() - t0:.0f}s; {enparts} partitions, {esealed} sealed")
         jobs = []
-        for wid, script in (("w1", "w1_floor.sql"), ("w2a", "w2a_once.sql"), ("w5a", "w5a_pending_update.sql"),
-                            ("w3", "w3_claim_complete.sql")):
-            def fn(script=script):
-                bench.admin.q("CHECKPOINT")
-                return run_pgbench(script, clients, a.duration, "on", {"dup": 0, "dupkeys": DUPKEYS})
-            jobs.append(job(f"{prefix}_{wid}", "new", "on", PG_DURABILITY["on"], clients, "pgbench", fn,
-                            extra_label={"n": human(keys)},
-                            extra={"retained": keys, "partitions": nparts, "sealed": sealed}))
-        # Batches of 100 keys beside their hand-written counterparts, at a week only.
-        for wid, script in (("bf_100", "w12_floor_batch.sql"), ("bo_100", "w12_once_batch.sql"),
-                            ("bh_100", "w12_hand_batch.sql"), ("bc_100", "w12_claim_complete_batch.sql")):
-            if prefix != "wk" or not bench.wanted(f"{prefix}_{wid}"):
+        # (id, pgbench script, keys per call, in the SQL edition's database), in this order so that the rows a
+        # ratio compares run back to back.
+        rows = [("w1", "w1_floor.sql", 1, False), ("w2a", "w2a_once.sql", 1, False),
+                ("w5a", "w5a_pending_update.sql", 1, False), ("w3", "w3_claim_complete.sql", 1, False)]
+        if prefix == "wk":
+            rows += [("e_w3", "w3_claim_complete.sql", 1, True),
+                     ("w5a_biz", "w5a_pending_update_biz.sql", 1, False), ("w2b", "w2b_once_biz.sql", 1, False),
+                     ("e_w2b", "w2b_once_biz.sql", 1, True),
+                     # Batches of 100 keys beside their hand-written counterparts, and 1000 for the edition's target.
+                     ("bf_100", "w12_floor_batch.sql", 100, False), ("bo_100", "w12_once_batch.sql", 100, False),
+                     ("e_bo_100", "w12_once_batch.sql", 100, True),
+                     ("bh_100", "w12_hand_batch.sql", 100, False), ("bc_100", "w12_claim_complete_batch.sql", 100, False),
+                     ("bf_1000", "w12_floor_batch.sql", 1000, False), ("bo_1000", "w12_once_batch.sql", 1000, False),
+                     ("e_bo_1000", "w12_once_batch.sql", 1000, True)]
+        for wid, script, n, on_edition in rows:
+            if not bench.wanted(f"{prefix}_{wid}"):
                 continue
+            admin, db = (bench.edition_admin, EDITION_DB) if on_edition else (bench.admin, "postgres")
 
-            def fn(script=script):
-                bench.admin.q("CHECKPOINT")
-                return run_pgbench(script, clients, a.duration, "on", {"dup": 0, "dupkeys": DUPKEYS, "n": 100})
+            def fn(script=script, n=n, admin=admin, db=db):
+                admin.q("CHECKPOINT")
+                return run_pgbench(script, clients, a.duration, "on", {"dup": 0, "dupkeys": DUPKEYS, "n": n}, db)
+            extra = ({"retained": keys, "partitions": enparts, "sealed": esealed, "edition": True} if on_edition
+                     else {"retained": keys, "partitions": nparts, "sealed": sealed})
             jobs.append(job(f"{prefix}_{wid}", "new", "on", PG_DURABILITY["on"], clients, "pgbench", fn,
-                            unit_factor=100, extra_label={"n": human(keys)},
-                            extra={"retained": keys, "partitions": nparts, "sealed": sealed}))
+                            unit_factor=n, extra_label={"n": human(keys)}, extra=extra))
         bench.run_jobs(jobs)
         if days > 7:
             bench.admin.q("ALTER SYSTEM RESET idempotency.retention")

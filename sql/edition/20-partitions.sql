@@ -175,56 +175,44 @@ BEGIN
 END
 $$;
 
--- The write partition: (partition, range_from, range_to) of the oldest partition past the seals. Makes
--- partitions when there is none to write to (a fresh install, or maintenance that has not run). Takes no
--- lock: the INSERT that writes there takes ROW EXCLUSIVE, which a seal's SHARE lock waits for, and then
--- idempotency.check_unsealed tells whether a seal committed in between.
+-- The write partition, locked against a seal (ROW EXCLUSIVE: a seal's SHARE lock waits for this transaction,
+-- and this waits for a seal under way): (partition, range_from, range_to) of the oldest partition past the
+-- seals. Makes partitions when there is none to write to (a fresh install, or maintenance that has not run);
+-- forgets one dropped or detached by hand.
 CREATE FUNCTION idempotency.write_partition(OUT part oid, OUT range_from timestamptz, OUT range_to timestamptz)
 LANGUAGE plpgsql AS $$
 DECLARE
     upto timestamptz;
+    nm name;
 BEGIN
-    FOR attempt IN 1..4 LOOP
+    FOR attempt IN 1..5 LOOP
         upto := idempotency.sealed_until();
-        SELECT p.partition, p.range_from, p.range_to INTO part, range_from, range_to
+        SELECT p.partition, p.partition_name, p.range_from, p.range_to INTO part, nm, range_from, range_to
           FROM idempotency.partition_ranges p
          WHERE p.range_from OPERATOR(pg_catalog.>=) upto
          ORDER BY p.range_from LIMIT 1;
-        IF part IS NOT NULL AND NOT EXISTS (SELECT FROM pg_catalog.pg_inherits i
-                                             WHERE i.inhrelid OPERATOR(pg_catalog.=) part::oid
-                                               AND i.inhparent OPERATOR(pg_catalog.=) 'idempotency.records'::pg_catalog.regclass::oid) THEN
-            -- Dropped or detached by hand: forget it (and learn of any attached by hand), then look again.
-            PERFORM idempotency.sync_partition_ranges();
+        IF part IS NULL OR range_from OPERATOR(pg_catalog.>) pg_catalog.now() THEN
+            -- Nothing to write to, or only partitions ahead of now (no partition covers now): make them.
+            CONTINUE WHEN idempotency.premake_partitions(GREATEST(pg_catalog.now(), upto)) OPERATOR(pg_catalog.>) 0
+                       OR part IS NULL;
+        END IF;
+        BEGIN
+            EXECUTE pg_catalog.format('LOCK TABLE idempotency.%I IN ROW EXCLUSIVE MODE', nm);
+        EXCEPTION WHEN undefined_table THEN
+            PERFORM idempotency.sync_partition_ranges();   -- dropped by hand, or by maintenance just now
+            CONTINUE;
+        END;
+        IF pg_catalog.to_regclass(pg_catalog.format('idempotency.%I', nm))::oid IS DISTINCT FROM part THEN
+            PERFORM idempotency.sync_partition_ranges();   -- dropped and made again under its name
             CONTINUE;
         END IF;
-        IF part IS NOT NULL AND range_from OPERATOR(pg_catalog.<=) pg_catalog.now() THEN
-            RETURN;
-        END IF;
-        -- Nothing to write to, or only partitions ahead of now (no partition covers now): make them.
-        IF idempotency.premake_partitions(GREATEST(pg_catalog.now(), upto)) OPERATOR(pg_catalog.=) 0 AND part IS NOT NULL THEN
+        -- A seal that committed while this waited moved sealed_upto past it: take the next one.
+        IF idempotency.sealed_until() OPERATOR(pg_catalog.<) range_to THEN
             RETURN;
         END IF;
     END LOOP;
     RAISE EXCEPTION 'idempotency: the partitions of idempotency.records kept changing while they were looked up'
         USING ERRCODE = '40001', HINT = 'The transaction should be retried.';
-END
-$$;
-
--- After rows were written into the write partition [w_from, w_to) (their INSERT holding its ROW EXCLUSIVE
--- lock): when a seal of that partition committed before the lock came, the rows would sit in a sealed
--- partition, where later writers of their keys do not look for uncommitted rows. Then they are deleted
--- again (true), and the caller writes them into the next partition. Rare: only a write that waited for a
--- seal's lock.
-CREATE FUNCTION idempotency.unwrite_if_sealed(keys text[], sc text, w_from timestamptz, w_to timestamptz) RETURNS boolean
-LANGUAGE plpgsql AS $$
-BEGIN
-    IF idempotency.sealed_until() OPERATOR(pg_catalog.<) w_to THEN
-        RETURN false;
-    END IF;
-    DELETE FROM idempotency.records x
-     WHERE x.key OPERATOR(pg_catalog.=) ANY (keys) AND x.scope OPERATOR(pg_catalog.=) sc
-       AND x.created_at OPERATOR(pg_catalog.>=) w_from AND x.created_at OPERATOR(pg_catalog.<) w_to;
-    RETURN true;
 END
 $$;
 

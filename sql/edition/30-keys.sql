@@ -108,11 +108,6 @@ BEGIN
                 END IF;
             END IF;
             IF inserted THEN
-                IF idempotency.unwrite_if_sealed(ARRAY[k], sc, w_from, w_to) THEN
-                    SELECT p.range_from, p.range_to INTO w_from, w_to FROM idempotency.write_partition() p;
-                    inserted := false;
-                    CONTINUE;
-                END IF;
                 outcome := 'claimed';
                 RETURN;
             END IF;
@@ -354,24 +349,16 @@ COMMENT ON FUNCTION idem_heartbeat(text, interval, text, bigint) IS
 CREATE FUNCTION idempotency.once_one(k text, sc text, w_from timestamptz, w_to timestamptz) RETURNS boolean
 LANGUAGE plpgsql AS $$
 BEGIN
-    LOOP
-        IF EXISTS (SELECT FROM idempotency.records x
-                    WHERE x.key OPERATOR(pg_catalog.=) k AND x.scope OPERATOR(pg_catalog.=) sc
-                      AND (x.created_at OPERATOR(pg_catalog.<) w_from OR x.created_at OPERATOR(pg_catalog.>=) w_to)) THEN
-            RETURN false;
-        END IF;
-        PERFORM idempotency.check_seals_visible(k, sc);
-        INSERT INTO idempotency.records (scope, key, status, attempts, created_at, updated_at)
-        VALUES (sc, k, 'completed', 1, idempotency.created_at(w_from, w_to), pg_catalog.now())
-        ON CONFLICT DO NOTHING;
-        IF NOT FOUND THEN
-            RETURN false;
-        END IF;
-        IF NOT idempotency.unwrite_if_sealed(ARRAY[k], sc, w_from, w_to) THEN
-            RETURN true;
-        END IF;
-        SELECT p.range_from, p.range_to INTO w_from, w_to FROM idempotency.write_partition() p;
-    END LOOP;
+    IF EXISTS (SELECT FROM idempotency.records x
+                WHERE x.key OPERATOR(pg_catalog.=) k AND x.scope OPERATOR(pg_catalog.=) sc
+                  AND (x.created_at OPERATOR(pg_catalog.<) w_from OR x.created_at OPERATOR(pg_catalog.>=) w_to)) THEN
+        RETURN false;
+    END IF;
+    PERFORM idempotency.check_seals_visible(k, sc);
+    INSERT INTO idempotency.records (scope, key, status, attempts, created_at, updated_at)
+    VALUES (sc, k, 'completed', 1, idempotency.created_at(w_from, w_to), pg_catalog.now())
+    ON CONFLICT DO NOTHING;
+    RETURN FOUND;
 END
 $$;
 

@@ -65,28 +65,22 @@ BEGIN
     t := idempotency.check_ttl(idem_claim_batch.ttl, s);
     w := idempotency.write_partition();
     PERFORM idempotency.check_seals_visible('(batch)', idem_claim_batch.scope);
-    LOOP
-        -- The keys no sealed partition holds, written at once, in key order.
-        WITH fresh AS (
-            SELECT DISTINCT u.k FROM pg_catalog.unnest(idem_claim_batch.keys) AS u(k)
-             WHERE NOT EXISTS (SELECT FROM idempotency.records x
-                                WHERE x.key OPERATOR(pg_catalog.=) u.k AND x.scope OPERATOR(pg_catalog.=) idem_claim_batch.scope
-                                  AND (x.created_at OPERATOR(pg_catalog.<) w.range_from OR x.created_at OPERATOR(pg_catalog.>=) w.range_to))),
-        written AS (
-            INSERT INTO idempotency.records AS x (scope, key, status, token, attempts, created_at, updated_at, expires_at)
-            SELECT idem_claim_batch.scope, f.k, 'pending', pg_catalog.nextval('idempotency.token_seq'), 1,
-                   idempotency.created_at(w.range_from, w.range_to), pg_catalog.clock_timestamp(),
-                   pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) t
-              FROM fresh f ORDER BY f.k
-            ON CONFLICT DO NOTHING
-            RETURNING x.key, x.token, x.attempts, x.expires_at)
-        SELECT pg_catalog.array_agg(ROW(wr.key, 'claimed', wr.token, wr.attempts, NULL, wr.expires_at)::idempotency.claim_answer)
-          INTO answers FROM written wr;
-        -- (written into a partition sealed meanwhile: again, into the next one)
-        EXIT WHEN answers IS NULL OR NOT idempotency.unwrite_if_sealed(
-            ARRAY(SELECT a.key FROM pg_catalog.unnest(answers) a), idem_claim_batch.scope, w.range_from, w.range_to);
-        w := idempotency.write_partition();
-    END LOOP;
+    -- The keys no sealed partition holds, written at once, in key order.
+    WITH fresh AS (
+        SELECT DISTINCT u.k FROM pg_catalog.unnest(idem_claim_batch.keys) AS u(k)
+         WHERE NOT EXISTS (SELECT FROM idempotency.records x
+                            WHERE x.key OPERATOR(pg_catalog.=) u.k AND x.scope OPERATOR(pg_catalog.=) idem_claim_batch.scope
+                              AND (x.created_at OPERATOR(pg_catalog.<) w.range_from OR x.created_at OPERATOR(pg_catalog.>=) w.range_to))),
+    written AS (
+        INSERT INTO idempotency.records AS x (scope, key, status, token, attempts, created_at, updated_at, expires_at)
+        SELECT idem_claim_batch.scope, f.k, 'pending', pg_catalog.nextval('idempotency.token_seq'), 1,
+               idempotency.created_at(w.range_from, w.range_to), pg_catalog.clock_timestamp(),
+               pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) t
+          FROM fresh f ORDER BY f.k
+        ON CONFLICT DO NOTHING
+        RETURNING x.key, x.token, x.attempts, x.expires_at)
+    SELECT pg_catalog.array_agg(ROW(wr.key, 'claimed', wr.token, wr.attempts, NULL, wr.expires_at)::idempotency.claim_answer)
+      INTO answers FROM written wr;
     answers := coalesce(answers, '{}');
     -- The others, one by one in key order: what the single claim answers.
     FOR k IN SELECT DISTINCT u.k FROM pg_catalog.unnest(idem_claim_batch.keys) AS u(k)
@@ -183,22 +177,17 @@ BEGIN
     PERFORM idempotency.authorize('scope', idem_once_batch.scope, s);
     w := idempotency.write_partition();
     PERFORM idempotency.check_seals_visible('(batch)', idem_once_batch.scope);
-    LOOP
-        WITH written AS (
-            INSERT INTO idempotency.records AS x (scope, key, status, attempts, created_at, updated_at)
-            SELECT idem_once_batch.scope, d.k, 'completed', 1, idempotency.created_at(w.range_from, w.range_to), pg_catalog.now()
-              FROM (SELECT DISTINCT u.k FROM pg_catalog.unnest(idem_once_batch.keys) AS u(k)) d
-             WHERE NOT EXISTS (SELECT FROM idempotency.records o
-                                WHERE o.key OPERATOR(pg_catalog.=) d.k AND o.scope OPERATOR(pg_catalog.=) idem_once_batch.scope
-                                  AND (o.created_at OPERATOR(pg_catalog.<) w.range_from OR o.created_at OPERATOR(pg_catalog.>=) w.range_to))
-             ORDER BY d.k
-            ON CONFLICT DO NOTHING
-            RETURNING x.key)
-        SELECT pg_catalog.array_agg(wr.key) INTO fresh FROM written wr;
-        -- (written into a partition sealed meanwhile: again, into the next one)
-        EXIT WHEN fresh IS NULL OR NOT idempotency.unwrite_if_sealed(fresh, idem_once_batch.scope, w.range_from, w.range_to);
-        w := idempotency.write_partition();
-    END LOOP;
+    WITH written AS (
+        INSERT INTO idempotency.records AS x (scope, key, status, attempts, created_at, updated_at)
+        SELECT idem_once_batch.scope, d.k, 'completed', 1, idempotency.created_at(w.range_from, w.range_to), pg_catalog.now()
+          FROM (SELECT DISTINCT u.k FROM pg_catalog.unnest(idem_once_batch.keys) AS u(k)) d
+         WHERE NOT EXISTS (SELECT FROM idempotency.records o
+                            WHERE o.key OPERATOR(pg_catalog.=) d.k AND o.scope OPERATOR(pg_catalog.=) idem_once_batch.scope
+                              AND (o.created_at OPERATOR(pg_catalog.<) w.range_from OR o.created_at OPERATOR(pg_catalog.>=) w.range_to))
+         ORDER BY d.k
+        ON CONFLICT DO NOTHING
+        RETURNING x.key)
+    SELECT pg_catalog.array_agg(wr.key) INTO fresh FROM written wr;
     RETURN QUERY
     SELECT v.k FROM (SELECT u.k, pg_catalog.min(u.i) AS i
                        FROM pg_catalog.unnest(idem_once_batch.keys) WITH ORDINALITY AS u(k, i)

@@ -7,6 +7,7 @@ import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import pgtools  # noqa: E402
+from edition_marks import pytest_collection_modifyitems, pytest_configure  # noqa: E402,F401 - native_only
 
 PORT = pgtools.port("hostile")
 WORKER_DB = "hostile_worker"

@@ -10,6 +10,7 @@ import psycopg
 import pytest
 
 import pgtools
+from edition_marks import pytest_collection_modifyitems, pytest_configure  # noqa: F401 - the native_only mark
 
 PORT = int(os.environ.get("IDEM_TEST_PORT") or pgtools.port("multisession"))
 SOCKDIR = os.environ.get("IDEM_TEST_SOCKDIR", f"/tmp/idem-sock-{PORT}")
@@ -76,11 +77,13 @@ def cluster():
             admin.execute(f"CREATE DATABASE {DBNAME}")
         with c.connect() as conn:
             try:
-                conn.execute("CREATE EXTENSION idempotency")
+                pgtools.install_extension(conn)
                 conn.execute("SELECT FROM idem_maintenance()")  # the first partitions
             except psycopg.Error as e:
                 pytest.fail(f"CREATE EXTENSION idempotency failed ({e.sqlstate}): {e}. "
                             "Is the extension built and installed (scripts/build)?")
+            except RuntimeError as e:  # the SQL edition's install (IDEM_EDITION=sql)
+                pytest.fail(str(e))
             conn.execute(TEST_TABLES)
         yield c
     finally:

@@ -9,6 +9,10 @@ import uuid
 import psycopg
 import pytest
 
+import pgtools
+
+pytestmark = pytest.mark.native_only("direct heap inserts (src/storage/direct.rs)")
+
 
 @pytest.fixture
 def db(cluster):
@@ -17,7 +21,7 @@ def db(cluster):
         admin.execute(f"CREATE DATABASE {name}")
     try:
         with cluster.connect(dbname=name) as c:
-            c.execute("CREATE EXTENSION idempotency")
+            pgtools.install_extension(c)
             c.execute("SELECT FROM idem_maintenance()")
         yield name
     finally:

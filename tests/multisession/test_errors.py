@@ -88,13 +88,19 @@ def key_locks(observer, pid):
 
 def wait_for_key_lock(observer, pid, timeout=10.0):
     """Waits until backend `pid` waits for one of the extension's key locks and reports the wait.
-    Returns the key locks it holds meanwhile."""
+    Returns the key locks it holds meanwhile. The SQL edition has no key locks (a new key waits in the
+    unique index for the transaction that wrote it first): there, until `pid` waits for any lock."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        row = observer.execute(
-            "SELECT a.wait_event_type, a.wait_event FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
-            "WHERE l.pid = %s AND NOT l.granted AND l.locktype = 'advisory' AND l.objsubid = %s",
-            (pid, LOCK_OBJSUBID)).fetchone()
+        if pgtools.sql_edition():
+            row = observer.execute(
+                "SELECT a.wait_event_type, a.wait_event FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+                "WHERE l.pid = %s AND NOT l.granted", (pid,)).fetchone()
+        else:
+            row = observer.execute(
+                "SELECT a.wait_event_type, a.wait_event FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+                "WHERE l.pid = %s AND NOT l.granted AND l.locktype = 'advisory' AND l.objsubid = %s",
+                (pid, LOCK_OBJSUBID)).fetchone()
         if row and row[0] == "Lock":
             return key_locks(observer, pid)[0]
         time.sleep(0.01)
@@ -301,6 +307,8 @@ def test_serialization_failure_raised_by_postgres_on_an_offset(srv, report):
 
 DEADLOCK_LINE = r"Process (\d+) waits for ExclusiveLock on advisory lock \[\d+,\d+,\d+,%d\]; blocked by process (\d+)\." \
     % LOCK_OBJSUBID
+if pgtools.sql_edition():  # no key locks: the claims wait for each other's transactions (the unique index)
+    DEADLOCK_LINE = r"Process (\d+) waits for ShareLock on transaction \d+; blocked by process (\d+)\."
 
 
 def test_deadlock_between_two_claims(srv, report):
@@ -368,8 +376,12 @@ def test_out_of_disk(srv, report):
             admin.execute(f"DROP DATABASE IF EXISTS {DISK_DB} WITH (FORCE)")
             admin.execute(f"CREATE TABLESPACE {TABLESPACE} LOCATION '{mnt}'")
             admin.execute(f"CREATE DATABASE {DISK_DB}")
+            if pgtools.sql_edition():  # its partitions are made by the edition's owner (SECURITY DEFINER)
+                if not admin.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (pgtools.EDITION_OWNER,)).fetchone():
+                    admin.execute(f"CREATE ROLE {pgtools.EDITION_OWNER} LOGIN CREATEROLE")
+                admin.execute(f"GRANT CREATE ON TABLESPACE {TABLESPACE} TO {pgtools.EDITION_OWNER}")
         with srv.connect(dbname=DISK_DB) as c:
-            c.execute("CREATE EXTENSION idempotency")
+            pgtools.install_extension(c)
             # Partitions the extension creates from now on land in the small tablespace.
             c.execute(f"SET default_tablespace = {TABLESPACE}")
             made = c.execute("SELECT idempotency.premake_partitions()").fetchone()[0]

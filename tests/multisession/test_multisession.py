@@ -12,6 +12,7 @@ import psycopg
 import pytest
 
 from idemlib import claim, complete, fail, heartbeat, ms, once, rollback_quietly, run_threads, sqlstate_of, status
+import pgtools
 from pgtools import RETRY_SQLSTATES
 
 ISOLATION_LEVELS = ["READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE"]
@@ -444,11 +445,19 @@ def test_wait_false_and_wait_true(cluster, report):
         lock = _waiting_lock(observer, waiter_pid)
         assert lock is not None, "the waiting claim never showed up waiting in pg_locks"
         locktype, objsubid, classid, objid, _mode, wait_event_type = lock
-        assert (locktype, objsubid, wait_event_type) == ("advisory", LOCK_OBJSUBID, "Lock")
-        held = observer.execute(
-            "SELECT count(*) FROM pg_locks WHERE pid = %s AND granted AND locktype = 'advisory' "
-            "AND objsubid = %s AND classid = %s AND objid = %s",
-            (holder_pid, LOCK_OBJSUBID, classid, objid)).fetchone()[0]
+        if pgtools.sql_edition():  # no key locks: the claim waits in the unique index for the holder's transaction
+            assert (locktype, wait_event_type) == ("transactionid", "Lock")
+            held = observer.execute(
+                "SELECT count(*) FROM pg_locks w JOIN pg_locks h ON h.locktype = 'transactionid' "
+                "AND h.transactionid = w.transactionid AND h.granted AND h.pid = %s "
+                "WHERE w.pid = %s AND NOT w.granted AND w.locktype = 'transactionid'",
+                (holder_pid, waiter_pid)).fetchone()[0]
+        else:
+            assert (locktype, objsubid, wait_event_type) == ("advisory", LOCK_OBJSUBID, "Lock")
+            held = observer.execute(
+                "SELECT count(*) FROM pg_locks WHERE pid = %s AND granted AND locktype = 'advisory' "
+                "AND objsubid = %s AND classid = %s AND objid = %s",
+                (holder_pid, LOCK_OBJSUBID, classid, objid)).fetchone()[0]
         assert held >= 1, "the holder does not hold the lock the waiter waits for"
         time.sleep(0.5)
         assert not done.is_set(), f"the claim returned while the holder was open: {result}"

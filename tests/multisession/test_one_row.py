@@ -7,6 +7,7 @@ import threading
 import uuid
 
 import psycopg
+import pytest
 
 
 def new_scope(tag):
@@ -32,6 +33,7 @@ def claim(conn, scope, key, ttl=None):
                         (key, ttl, scope)).fetchone()
 
 
+@pytest.mark.native_only("a new key's record written once, at its fate (the key's lock keeps others out until then)")
 def test_claim_and_complete_write_one_row(cluster):
     scope = new_scope("one-row")
     with cluster.connect() as c:
@@ -146,6 +148,7 @@ def test_an_error_after_the_claim_loses_it(cluster):
         assert claim(c, scope, "k")[0] == "claimed"
 
 
+@pytest.mark.native_only("a new key's record written once, at its fate (the key's lock keeps others out until then)")
 def test_a_statement_that_reads_the_storage_sees_the_claim(cluster):
     """A SELECT on the record table (or a view over it) in the claiming transaction sees the claim
     as a pending row, at every isolation level: it is written just before that statement runs."""
@@ -164,6 +167,7 @@ def test_a_statement_that_reads_the_storage_sees_the_claim(cluster):
             c.execute("COMMIT")
 
 
+@pytest.mark.native_only("a new key's record written once, at its fate (the key's lock keeps others out until then)")
 def test_batch_claim_and_complete_write_one_row_per_key(cluster):
     """The batch loop of one transaction: idem_claim_batch, then idem_complete_batch of the claimed keys,
     writes each new key's row once, completed (before 0.6.0: an insert and an update per key), while the
@@ -195,6 +199,7 @@ def test_batch_claim_and_complete_write_one_row_per_key(cluster):
                              (keys, scope)).fetchone()[0] == len(keys)
 
 
+@pytest.mark.native_only("the key-lock budget and the table of held keys")
 def test_batch_past_the_lock_budget_holds_its_keys_without_locks_and_writes_once(cluster):
     """Past the key locks a transaction may keep, the batch claim holds its keys in the table of held keys
     and gives their locks back: it still writes nothing before the keys' fate is known and one row per key
@@ -233,6 +238,7 @@ def test_batch_complete_of_keys_claimed_earlier_updates_them(cluster):
         c.execute("COMMIT")
 
 
+@pytest.mark.native_only("the table of held keys")
 def test_a_held_key_goes_with_its_subtransaction(cluster):
     """Past the budget a claim holds its key in the table of held keys, under the xid of the subtransaction
     that claimed it: a session waiting for the key wakes when that subtransaction rolls back, while the

@@ -15,6 +15,8 @@ import time
 
 import psycopg
 
+import pgtools
+
 DB = "idem_churn"
 SECONDS = 12
 CONSUMERS = 4
@@ -70,7 +72,7 @@ def test_claims_while_partitions_are_dropped_and_made(cluster, report):
         admin.execute("DROP ROLE IF EXISTS churn_consumer")
         admin.execute("CREATE ROLE churn_consumer LOGIN")
     with cluster.connect(dbname=DB) as conn:
-        conn.execute("CREATE EXTENSION idempotency")
+        pgtools.install_extension(conn)
         conn.execute("GRANT idempotency_consumer TO churn_consumer")
         conn.execute("SELECT FROM idem_maintenance()")
     stop = threading.Event()

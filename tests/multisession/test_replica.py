@@ -200,7 +200,7 @@ def setup_pair(pair):
     with primary.connect("postgres") as admin:
         admin.execute(f"CREATE DATABASE {DB}")
     with primary.connect() as conn:
-        conn.execute("CREATE EXTENSION idempotency")
+        pgtools.install_extension(conn)
         # The business table of the load: no unique constraint, so a duplicate shows as a second row.
         conn.execute("CREATE TABLE replica_effects (key text NOT NULL, worker int NOT NULL)")
 
@@ -254,6 +254,7 @@ def pair():
 
 # --- 5. the launcher and the maintenance worker in pg_stat_activity (on the primary) ----------
 
+@pytest.mark.native_only("the background worker")
 def test_launcher_and_maintenance_worker_show_in_pg_stat_activity(pair, report):
     seen = {}
     samples = 0
@@ -461,6 +462,7 @@ def check_refused(conn, name, sql, in_transaction, named=True):
     return problems
 
 
+@pytest.mark.native_only("the list of functions read from the extension's pg_depend entries")
 def test_standby_refuses_every_writing_function(pair):
     with pair.primary.connect() as p, pair.standby.connect() as s:
         wait_replayed(p, s)
@@ -482,6 +484,7 @@ def test_standby_refuses_every_writing_function(pair):
         assert footprint(p) == before_p
 
 
+@pytest.mark.native_only("the list of functions read from the extension's pg_depend entries (adopt_records)")
 def test_read_only_transaction_on_the_primary_refuses_every_writing_function(pair):
     with pair.primary.connect() as p:
         before = footprint(p)
@@ -513,6 +516,7 @@ def standby_has_no_worker(pair):
     assert "idempotency launcher started" not in pair.standby.log_text()
 
 
+@pytest.mark.native_only("the background worker")
 def test_standby_runs_no_maintenance_worker(pair):
     # Time for several rounds had the worker been running there (interval 1s).
     time.sleep(2.5)
@@ -628,6 +632,7 @@ def run_load(node):
     return acked
 
 
+@pytest.mark.native_only("the maintenance worker premaking partitions on the new primary")
 def test_promotion_after_load(pair, report):
     primary, standby = pair.primary, pair.standby
     acked = run_load(primary)

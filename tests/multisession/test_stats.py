@@ -16,6 +16,8 @@ import pytest
 
 from idemlib import rollback_quietly, run_threads
 
+pytestmark = pytest.mark.native_only("the shared-memory statistics counters (shared_preload_libraries)")
+
 LEVELS = ["READ COMMITTED", "REPEATABLE READ", "SERIALIZABLE"]
 COUNTERS = ("claims", "claimed_new", "takeovers", "retries", "answered_completed", "answered_in_progress",
             "answered_failed", "answered_mismatch", "poisoned", "dead_lettered", "stale_refused",

@@ -13,6 +13,8 @@ import pytest
 
 import pgtools
 
+pytestmark = pytest.mark.native_only("the background worker")
+
 PORT = int(os.environ.get("IDEM_WORKER_TEST_PORT") or pgtools.port("worker"))
 DB = "idem_worker"
 PARTMAN_DB = "idem_partman"
@@ -67,7 +69,7 @@ def db():
             admin.execute(f"CREATE DATABASE {DB}")
             admin.execute(f"CREATE DATABASE {PARTMAN_DB}")
         with connect() as conn:
-            conn.execute("CREATE EXTENSION idempotency")
+            pgtools.install_extension(conn)
             yield conn
     finally:
         SERVER.stop()
@@ -158,7 +160,7 @@ def test_sighup_changes_take_effect_without_restart(db):
                     reason="no pg_partman in this PostgreSQL installation")
 def test_pg_partman_handover(db):
     with connect(PARTMAN_DB) as pm:
-        pm.execute("CREATE EXTENSION idempotency")
+        pgtools.install_extension(pm)
         pm.execute("CREATE SCHEMA partman")
         pm.execute("CREATE EXTENSION pg_partman SCHEMA partman")
         with pytest.raises(psycopg.Error) as refused:

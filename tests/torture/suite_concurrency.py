@@ -16,7 +16,8 @@ MODES = ("1tx", "2tx")
 
 
 def run(install, opts, result):
-    # Preloaded, so that the statistics count, and are checked against what the consumers saw.
+    # Preloaded, so that the statistics count, and are checked against what the consumers saw (not under
+    # the SQL edition, which has neither library nor counters: pgtools.edition_conf).
     cluster = Cluster(install, PORT, conf=["synchronous_commit = off", "max_locks_per_transaction = 256",
                                            "shared_preload_libraries = 'idempotency'"])
     cluster.start()

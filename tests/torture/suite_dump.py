@@ -87,7 +87,7 @@ def run(install, opts, result):
     try:
         fresh_db(cluster, SRC)
         with cluster.connect(SRC) as c:
-            c.execute("CREATE EXTENSION idempotency")
+            pgtools.install_extension(c)
         n_old = 3000 if opts.profile == "long" else 300
         with cluster.connect(SRC) as c:
             populate(c, n_old)

@@ -19,6 +19,7 @@
 """
 import psycopg
 
+import pgtools
 from harness import Cluster, log, port
 
 PORT = port(3)
@@ -280,6 +281,19 @@ def _expect(conn, sql, code, result, what, checks=None, key=None):
         checks[key] += 1
 
 
+# The functions of the edition under test: the extension's members (native), or the SQL edition's (its
+# schema idempotency, and the idem_* functions its plain script put into public).
+EXTENSION_FUNCTIONS = """
+              FROM pg_proc p JOIN pg_depend d ON d.objid = p.oid AND d.classid = 'pg_proc'::regclass
+              JOIN pg_extension e ON e.oid = d.refobjid AND e.extname = 'idempotency' AND d.deptype = 'e'
+"""
+EDITION_FUNCTIONS = """
+              FROM pg_proc p
+             WHERE p.pronamespace = 'idempotency'::regnamespace
+                OR (p.pronamespace = 'public'::regnamespace AND p.proname LIKE 'idem\\_%')
+"""
+
+
 def _catalog(cluster, result, checks):
     with cluster.connect(DB) as su:
         rows = su.execute("""
@@ -288,9 +302,7 @@ def _catalog(cluster, result, checks):
                             WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE'),
                    has_function_privilege('idempotency_consumer', p.oid, 'EXECUTE'),
                    pg_get_userbyid(p.proowner)
-              FROM pg_proc p JOIN pg_depend d ON d.objid = p.oid AND d.classid = 'pg_proc'::regclass
-              JOIN pg_extension e ON e.oid = d.refobjid AND e.extname = 'idempotency' AND d.deptype = 'e'
-        """).fetchall()
+        """ + (EDITION_FUNCTIONS if pgtools.sql_edition() else EXTENSION_FUNCTIONS)).fetchall()
         granted = set()
         for sig, secdef, config, public, consumer, owner in rows:
             checks["catalog"] += 1
@@ -314,9 +326,11 @@ def _catalog(cluster, result, checks):
               FROM pg_class c CROSS JOIN LATERAL aclexplode(coalesce(c.relacl, acldefault('r', c.relowner))) a
              WHERE c.relnamespace = 'idempotency'::regnamespace AND a.grantee <> c.relowner""").fetchall()
         checks["catalog"] += 1
-        if set(acl) != VIEW_READERS:
+        # The SQL edition keeps its settings in a table (no library GUCs), which idempotency_admin reads.
+        readers = VIEW_READERS | ({("idempotency.settings", "idempotency_admin", "SELECT")} if pgtools.sql_edition() else set())
+        if set(acl) != readers:
             result.violation(f"catalog: privileges on the storage other than reading the views: "
-                             f"{sorted(set(acl) ^ VIEW_READERS)}")
+                             f"{sorted(set(acl) ^ readers)}")
         nsp = su.execute("""SELECT a.grantee, a.privilege_type FROM pg_namespace n
                              CROSS JOIN LATERAL aclexplode(coalesce(n.nspacl, acldefault('n', n.nspowner))) a
                              WHERE n.nspname = 'idempotency' AND a.grantee <> n.nspowner""").fetchall()
@@ -338,9 +352,13 @@ def _consumer(cluster, result, checks, partition):
                 if c.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
                     c.execute("ROLLBACK")
         for sql in DENIED:
+            if pgtools.sql_edition() and "EXTENSION idempotency" in sql:
+                continue  # the plain script's edition is no extension: nothing to update or drop (42704)
             _expect(c, sql.format(partition=partition), "42501", result, "consumer", checks, "denied")
-        # The superuser-only limits: a consumer can raise none of them.
-        for guc, value in (("max_key_bytes", "'1MB'"), ("max_payload_bytes", "'1GB'"), ("max_batch_keys", "1000000"),
+        # The superuser-only limits: a consumer can raise none of them. (Native: superuser-only settings,
+        # refused at SET. The SQL edition has no library to define them: a consumer's SET is accepted and
+        # may only tighten a limit, which the max_key_bytes check below holds it to.)
+        for guc, value in () if pgtools.sql_edition() else (("max_key_bytes", "'1MB'"), ("max_payload_bytes", "'1GB'"), ("max_batch_keys", "1000000"),
                            ("max_attempts", "1000000"), ("filter_cache", "'2TB'"), ("max_lease_ttl", "'1000d'")):
             _expect(c, f"SET idempotency.{guc} = {value}", "42501", result, "consumer", checks, "denied")
     # Not even by setting the placeholder before the library is loaded in its session.
@@ -366,7 +384,10 @@ def _consumer(cluster, result, checks, partition):
         row = su.execute("SELECT pg_get_userbyid(relowner), relacl FROM pg_class WHERE oid = %s::regclass",
                          (today,)).fetchone()
         checks["catalog"] += 1
-        if row is None or row[0] != "postgres" or row[1] is not None:
+        # The owner of the storage: the bootstrap superuser that ran CREATE EXTENSION (native), or the
+        # database owner that ran the SQL edition's script.
+        owner = pgtools.EDITION_OWNER if pgtools.sql_edition() else "postgres"
+        if row is None or row[0] != owner or row[1] is not None:
             result.violation(f"partition {today} created by a consumer's claim: owner/acl {row}")
         su.execute("INSERT INTO idempotency.records SELECT * FROM keep_rows WHERE (scope, key) <> ('consumer', 'on-demand')")
     with cluster.connect(DB, user=CONSUMER) as c:
@@ -380,6 +401,8 @@ def _outsider(cluster, result, checks, partition):
                 continue
             _expect(c, sql.format(s="outsider"), "42501", result, "outsider", checks, "denied")
         for sql in DENIED:
+            if pgtools.sql_edition() and "EXTENSION idempotency" in sql:
+                continue  # the plain script's edition is no extension: nothing to update or drop (42704)
             _expect(c, sql.format(partition=partition), "42501", result, "outsider", checks, "denied")
 
 
