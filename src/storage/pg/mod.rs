@@ -4,7 +4,9 @@
 //!
 //! - `spi`: saved statements run as the storage's owner (`owner`); `settings`: session settings pinned
 //!   while the storage runs DDL or maintenance;
-//! - `probe`: index lookups without the executor; `direct`: row inserts without it, behind `writer`,
+//! - `probe`: index lookups without the executor (`layout`: where a partition keeps what they read;
+//!   `leaves`: the partitions they search; `tuple`: a record found); `latest`: reads under the latest
+//!   snapshot that take no SERIALIZABLE predicate locks; `direct`: row inserts without the executor, behind `writer`,
 //!   the one row writer;
 //! - `catalog`: cached catalog facts and the invalidations that clear them; `bounds`: partition
 //!   bounds read from the catalog;
@@ -22,11 +24,15 @@ pub mod document;
 pub mod filter;
 pub mod holds;
 pub mod keylock;
+pub mod latest;
+pub mod layout;
+pub mod leaves;
 pub mod owner;
 pub mod probe;
 pub mod sealed;
 pub mod settings;
 pub mod spi;
+pub mod tuple;
 pub mod unlocked;
 pub mod writer;
 pub mod xact;
