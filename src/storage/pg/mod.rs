@@ -11,8 +11,9 @@
 //! - `catalog`: cached catalog facts and the invalidations that clear them; `bounds`: partition
 //!   bounds read from the catalog;
 //! - `keylock`: the per-key lock and the storage's other advisory locks; `holds`: keys held past the
-//!   lock budget in a shared table instead; `unlocked`: whether some transaction's uncommitted rows stand
-//!   in for key locks it gave back (when that table is full); `xact`: transaction facts;
+//!   lock budget in a shared table instead (`heldtable`: that table); `unlocked`: whether some
+//!   transaction's uncommitted rows stand in for key locks it gave back (when that table is full);
+//!   `xact`: transaction facts;
 //! - `document`: jsonb payloads passed through; `filter`: the membership filter's arithmetic;
 //!   `sealed`: what a backend knows of the sealed partitions, and the reads of their filters;
 //! - `compat`: the calls whose form differs between PostgreSQL 15, 16, 17 and 18.
@@ -22,6 +23,7 @@ pub mod compat;
 pub mod direct;
 pub mod document;
 pub mod filter;
+pub mod heldtable;
 pub mod holds;
 pub mod keylock;
 pub mod latest;
