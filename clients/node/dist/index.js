@@ -434,6 +434,59 @@ export function jsonPointer(doc, path) {
     }
     return v === undefined ? null : v;
 }
+/** The deepest nesting of arrays and objects a fingerprinted document may have (a scalar is 0 deep, [] 1):
+ *  the extension's idem_fingerprint and every client library refuse deeper ones with SQLSTATE 54000. */
+export const MAX_DEPTH = 100;
+/** A document nests arrays and objects deeper than MAX_DEPTH: what idem_fingerprint refuses with 54000. */
+export class DocumentTooDeepError extends RangeError {
+    depth;
+    code = "54000";
+    constructor(depth) {
+        super(`document nests arrays and objects more than ${MAX_DEPTH} deep (the limit of a fingerprint)`);
+        this.depth = depth;
+        this.name = "DocumentTooDeepError";
+    }
+}
+/** How deeply arrays and objects nest in a JSON value (0 for a scalar), counted without recursion; the
+ *  count stops once past `limit`. */
+export function jsonDepth(value, limit = MAX_DEPTH) {
+    let deepest = 0;
+    const stack = [[value, 0]];
+    while (stack.length > 0) {
+        const [v, d] = stack.pop();
+        if (v === null || typeof v !== "object")
+            continue;
+        deepest = Math.max(deepest, d + 1);
+        if (deepest > limit)
+            return deepest;
+        for (const c of Array.isArray(v) ? v : Object.values(v))
+            stack.push([c, d + 1]);
+    }
+    return deepest;
+}
+/** The same count on a JSON text, before it is parsed (JSON.parse recurses). */
+function textDepth(json) {
+    let depth = 0, deepest = 0, inString = false, escaped = false;
+    for (let i = 0; i < json.length; i++) {
+        const c = json.charCodeAt(i);
+        if (inString) {
+            if (escaped)
+                escaped = false;
+            else if (c === 0x5c)
+                escaped = true;
+            else if (c === 0x22)
+                inString = false;
+            continue;
+        }
+        if (c === 0x22)
+            inString = true;
+        else if (c === 0x5b || c === 0x7b)
+            deepest = Math.max(deepest, ++depth);
+        else if ((c === 0x5d || c === 0x7d) && depth > 0)
+            depth--;
+    }
+    return deepest;
+}
 /** RFC 8785 (JCS) canonical JSON of a value (the npm canonicalize package). */
 export function canonicalJSON(value) {
     const s = canonicalize(value);
@@ -443,8 +496,12 @@ export function canonicalJSON(value) {
 }
 /** The request fingerprint of a JSON value, as idem_fingerprint(document, VARIADIC paths): lowercase
  *  hex SHA-256 of the JCS canonical JSON of the whole value (no paths), or of the object mapping each
- *  path (as given) to the value at that JSON Pointer, null where there is none. */
+ *  path (as given) to the value at that JSON Pointer, null where there is none. A document nested deeper
+ *  than MAX_DEPTH throws DocumentTooDeepError (code "54000"). */
 export function fingerprint(document, paths = []) {
+    const depth = jsonDepth(document);
+    if (depth > MAX_DEPTH)
+        throw new DocumentTooDeepError(depth);
     let v = document;
     if (paths.length > 0) {
         const sel = Object.create(null);
@@ -456,5 +513,8 @@ export function fingerprint(document, paths = []) {
 }
 /** fingerprint() of a JSON text (numbers become doubles, as in JCS). */
 export function fingerprintText(json, paths = []) {
+    const depth = textDepth(json);
+    if (depth > MAX_DEPTH)
+        throw new DocumentTooDeepError(depth);
     return fingerprint(JSON.parse(json), paths);
 }
