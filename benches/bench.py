@@ -61,6 +61,8 @@ def main():
     ap.add_argument("--skip-production", action="store_true", help="skip workload 10, a week and 30 days of retained keys")
     ap.add_argument("--retained-keys", type=int, help="keys retained by workload 10 (default 4000000; quick 200000)")
     ap.add_argument("--name", help="results file name under benches/results/ (default: full or quick)")
+    ap.add_argument("--serializable", action="store_true", help="only issue 29's SERIALIZABLE consumers: failures and tries per delivery (results/serializable.*)")
+    ap.add_argument("--seed", type=int, default=29, help="seed of --serializable's keys and delivery counts")
     ap.add_argument("--max-wait", type=float, help="seconds to wait before a run for a busy machine to calm down (default 0)")
     args = ap.parse_args()
     args.passthrough = [x for x in sys.argv[1:] if x != "--quick"]
@@ -78,6 +80,10 @@ def main():
     args.partition_counts = [5, 17] if args.quick else [5, 9, 17, 33]
     if args.max_wait is None:
         args.max_wait = 0
+    if args.serializable:
+        import serializable
+        serializable.run(args)
+        return
     run(Bench(args))
 
 

@@ -57,6 +57,15 @@ pub fn null_argument(name: &str) -> ! {
     raise(Code::ERRCODE_NULL_VALUE_NOT_ALLOWED, format!("idempotency: {name} must not be NULL"), None)
 }
 
+/// 54000: a document whose arrays and objects nest deeper than a fingerprint takes.
+pub fn too_deep(what: &str, depth: usize, limit: usize) -> ! {
+    raise(
+        Code::ERRCODE_PROGRAM_LIMIT_EXCEEDED,
+        format!("idempotency: {what} nests {depth} arrays and objects deep, over the limit of {limit}"),
+        Some("A fingerprint takes documents nested at most that deep, here and in the client libraries."),
+    )
+}
+
 /// 22023: an argument has a value the API does not accept.
 pub fn invalid(message: String) -> ! {
     raise(Code::ERRCODE_INVALID_PARAMETER_VALUE, format!("idempotency: {message}"), None)

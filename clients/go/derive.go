@@ -50,6 +50,9 @@ func keyName(parts []string) []byte {
 // canonical JSON of the whole document (no paths), or of the object that maps each path, exactly as
 // given, to the value at that RFC 6901 JSON Pointer ("" is the whole document, "/items/0/sku"), JSON
 // null where there is none. Numbers are IEEE doubles, as in JCS: integers beyond 2^53 lose precision.
+//
+// A document whose arrays and objects nest deeper than MaxDepth is refused with a *DocumentTooDeepError
+// (SQLSTATE 54000, as the SQL function), before it is parsed.
 func Fingerprint(document []byte, paths ...string) (string, error) {
 	v, err := parseJSON(document)
 	if err != nil {
@@ -100,7 +103,65 @@ func Canonicalize(document []byte) ([]byte, error) {
 	return b.Bytes(), nil
 }
 
+// MaxDepth is the deepest nesting of arrays and objects a fingerprinted document may have (a scalar is 0
+// deep, [] 1): the extension's idem_fingerprint and every client library refuse deeper ones with 54000.
+const MaxDepth = 100
+
+// ErrDocumentTooDeep: a document nests arrays and objects deeper than MaxDepth. Concrete type:
+// *DocumentTooDeepError.
+var ErrDocumentTooDeep = errors.New("idem: document nested too deep")
+
+// DocumentTooDeepError is a document refused by Fingerprint or Canonicalize for its depth.
+type DocumentTooDeepError struct {
+	Depth int
+}
+
+func (e *DocumentTooDeepError) Error() string {
+	return fmt.Sprintf("idem: document nests %d arrays and objects deep, over the limit of %d", e.Depth, MaxDepth)
+}
+
+// SQLState is what idem_fingerprint raises for the same document: 54000 (program_limit_exceeded).
+func (e *DocumentTooDeepError) SQLState() string { return "54000" }
+
+// Is matches ErrDocumentTooDeep.
+func (e *DocumentTooDeepError) Is(target error) bool { return target == ErrDocumentTooDeep }
+
+// jsonDepth is how deeply arrays and objects nest in a JSON text, counted in one pass without recursion.
+func jsonDepth(document []byte) int {
+	depth, deepest, inString, escaped := 0, 0, false, false
+	for _, c := range document {
+		if inString {
+			switch {
+			case escaped:
+				escaped = false
+			case c == '\\':
+				escaped = true
+			case c == '"':
+				inString = false
+			}
+			continue
+		}
+		switch c {
+		case '"':
+			inString = true
+		case '[', '{':
+			depth++
+			if depth > deepest {
+				deepest = depth
+			}
+		case ']', '}':
+			if depth > 0 {
+				depth--
+			}
+		}
+	}
+	return deepest
+}
+
 func parseJSON(document []byte) (interface{}, error) {
+	if d := jsonDepth(document); d > MaxDepth {
+		return nil, &DocumentTooDeepError{Depth: d}
+	}
 	dec := json.NewDecoder(bytes.NewReader(document))
 	dec.UseNumber()
 	var v interface{}

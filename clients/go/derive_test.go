@@ -6,6 +6,7 @@ import (
 	"errors"
 	"math"
 	"os"
+	"strings"
 	"testing"
 
 	"github.com/google/uuid"
@@ -26,6 +27,38 @@ type vectors struct {
 		Paths       []string        `json:"paths"`
 		Fingerprint string          `json:"fingerprint"`
 	} `json:"fingerprints"`
+	// Documents of Nest arrays (Kind "array") or objects {"a": ...} ("object") around 1, refused with SQLState.
+	Refused []struct {
+		Nest     int      `json:"nest"`
+		Kind     string   `json:"kind"`
+		Paths    []string `json:"paths"`
+		SQLState string   `json:"sqlstate"`
+	} `json:"refused"`
+}
+
+// nested is the document of a refused vector, as JSON text.
+func nested(n int, kind string) []byte {
+	if kind == "array" {
+		return []byte(strings.Repeat("[", n) + "1" + strings.Repeat("]", n))
+	}
+	return []byte(strings.Repeat(`{"a":`, n) + "1" + strings.Repeat("}", n))
+}
+
+func TestDeepDocumentsAreRefusedWith54000(t *testing.T) {
+	v := loadVectors(t)
+	if len(v.Refused) < 4 {
+		t.Fatal("clients/vectors.json has no refused vectors")
+	}
+	for i, r := range v.Refused {
+		_, err := idem.Fingerprint(nested(r.Nest, r.Kind), r.Paths...)
+		var deep *idem.DocumentTooDeepError
+		if !errors.As(err, &deep) || !errors.Is(err, idem.ErrDocumentTooDeep) || deep.SQLState() != r.SQLState {
+			t.Errorf("refused[%d] (%d %s deep): got %v, want SQLSTATE %s", i, r.Nest, r.Kind, err, r.SQLState)
+		}
+	}
+	if fp, err := idem.Fingerprint(nested(idem.MaxDepth, "array")); err != nil || len(fp) != 64 {
+		t.Errorf("a document %d deep: %s %v", idem.MaxDepth, fp, err)
+	}
 }
 
 func loadVectors(t *testing.T) vectors {

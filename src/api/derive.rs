@@ -44,6 +44,38 @@ pub fn fingerprint_subject(document: serde_json::Value, paths: &[&str]) -> Resul
     Ok(serde_json::Value::Object(picked))
 }
 
+/// The deepest nesting of arrays and objects a document may have for a fingerprint, here and in the client
+/// libraries (the same constant there): deeper documents are refused with 54000 before they are parsed, so
+/// that no parser or canonicalizer recurses without bound (serde_json itself stops at 128).
+pub const MAX_DEPTH: usize = 100;
+
+/// How deeply arrays and objects nest in a JSON text (0 for a scalar, 1 for `[]`), counted in one pass
+/// without recursion.
+pub fn depth(json: &str) -> usize {
+    let (mut depth, mut max, mut in_string, mut escaped) = (0usize, 0usize, false, false);
+    for b in json.bytes() {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                max = max.max(depth);
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    max
+}
+
 pub fn fingerprint(document: serde_json::Value, paths: &[&str]) -> Result<String, String> {
     let subject = fingerprint_subject(document, paths)?;
     let canonical = serde_json_canonicalizer::to_vec(&subject).map_err(|e| e.to_string())?;
@@ -89,10 +121,16 @@ fn idem_fingerprint(
     // Within idempotency.max_payload_bytes before it is parsed: the parsed copy takes several times
     // the stored size.
     let document = args::document("document", document).unwrap_or_else(|| errors::null_argument("document"));
-    // SAFETY: a detoasted jsonb datum, valid for this call.
-    let Some(pgrx::JsonB(document)) = (unsafe { pgrx::JsonB::from_datum(document.datum(), false) }) else {
-        errors::null_argument("document")
+    // SAFETY: jsonb_out of a detoasted jsonb datum, valid for this call; it answers a C string.
+    let text = unsafe {
+        pgrx::fcinfo::direct_function_call::<&std::ffi::CStr>(|f| pgrx::pg_sys::jsonb_out(f), &[Some(document.datum())])
     };
+    let text = text.expect("jsonb text").to_str().expect("jsonb text is UTF-8");
+    let deepest = depth(text);
+    if deepest > MAX_DEPTH {
+        errors::too_deep("document", deepest, MAX_DEPTH);
+    }
+    let document: serde_json::Value = serde_json::from_str(text).expect("jsonb text is JSON");
     let Some(paths) = paths else { errors::null_argument("paths") };
     let paths: Vec<&str> = paths.iter().map(|p| p.unwrap_or_else(|| errors::null_argument("path"))).collect();
     fingerprint(document, &paths).unwrap_or_else(|e| errors::invalid(e))
@@ -128,6 +166,25 @@ mod tests {
         let picked = fingerprint_subject(a.clone(), &["/b", "/a/2/y", "/missing"]).unwrap();
         assert_eq!(picked, serde_json::json!({"/b": 1, "/a/2/y": true, "/missing": null}));
         assert!(fingerprint(a, &["b"]).is_err());
+    }
+
+    #[test]
+    fn depth_counts_nesting_outside_strings() {
+        assert_eq!(depth("1"), 0);
+        assert_eq!(depth("[]"), 1);
+        assert_eq!(depth(r#"{"a": [1, {"b": []}], "c": {}}"#), 4);
+        assert_eq!(depth(r#"["[[[{", "\\\"[["]"#), 1);
+        let deep = format!("{}{}", "[".repeat(5000), "]".repeat(5000));
+        assert_eq!(depth(&deep), 5000);
+    }
+
+    #[test]
+    fn the_deepest_document_taken_parses_and_canonicalizes() {
+        let text = format!("{}1{}", "[".repeat(MAX_DEPTH), "]".repeat(MAX_DEPTH));
+        let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+        // Paths add one level: still within what serde_json and the canonicalizer take.
+        assert!(fingerprint(doc.clone(), &["/0"]).is_ok());
+        assert_eq!(fingerprint(doc, &[]).unwrap().len(), 64);
     }
 
     #[test]

@@ -42,6 +42,7 @@ pub fn redrive(k: Key) -> bool {
 fn redrive_in(call: &Call, k: Key) -> bool {
     let (lock, rec) = call.lock_and_lookup(k, true).expect("waited for the key");
     let Some(rec) = rec else {
+        call.lock_absence(k);
         errors::unknown_key(k.scope, k.key, errors::HINT_REDRIVE_FAILED)
     };
     if !matches!(rec.state, State::Failed { .. }) {
@@ -71,6 +72,7 @@ pub fn forget(k: Key) -> bool {
     Call::run(k.scope, |call| {
         let (lock, rec) = call.lock_and_lookup(k, true).expect("waited for the key");
         let Some(rec) = rec else {
+            call.lock_absence(k);
             lock.release_if_only_read();
             return false;
         };

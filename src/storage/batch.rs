@@ -123,7 +123,11 @@ pub fn complete_batch(scope: &str, keys: &[&str], payloads: Option<&Documents>, 
             let (locks, mut found) =
                 call.lock_and_find_all(scope, group, |key, t| Record::from_tuple(t, Key { scope, key }));
             for (key, token) in keys.iter().zip(tokens).filter(|(key, _)| group.binary_search(key).is_ok()) {
-                check_held(Key { scope, key }, found.remove(*key), *token);
+                let rec = found.remove(*key);
+                if rec.is_none() {
+                    call.lock_absence(Key { scope, key });
+                }
+                check_held(Key { scope, key }, rec, *token);
             }
             // (An ERROR of a later group undoes what the earlier ones wrote, with the statement.)
             let only = give_back.then(|| arg(group.clone()));

@@ -9,6 +9,7 @@ use super::deferred;
 use super::pg::keylock::{self, KeyLock};
 use super::pg::probe::{Probe, Prober, Tuple};
 use super::pg::spi::Conn;
+use super::pg::xact;
 use super::record::{Key, Record};
 use crate::errors;
 use crate::stats::{self, Counter, Tally};
@@ -81,6 +82,15 @@ impl Call {
             }
         }
         errors::serialization_failure(k.scope, k.key)
+    }
+
+    /// The predicate locks of a SERIALIZABLE read that found `k` missing, for a caller that answers from that
+    /// without writing the key: the lookups under the key's lock take none (see `pg::probe`), which is only
+    /// right for a key the caller then writes.
+    pub fn lock_absence(&self, k: Key) {
+        if xact::serializable() {
+            self.prober_for(k).find(k.key, |_| ());
+        }
     }
 
     /// [`Call::lock_and_find`] of the key's record.

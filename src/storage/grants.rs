@@ -10,7 +10,8 @@
 //! ([`forget`]); role membership changes clear the per-role answers ([`init`]). A call then costs one
 //! hash lookup, or nothing while no grant exists.
 use super::pg::catalog::{self, Invalidated};
-use super::pg::spi::{Conn, Snap, Stmt};
+use super::pg::latest;
+use pgrx::FromDatum;
 use crate::gucs;
 use pgrx::pg_sys;
 use std::cell::RefCell;
@@ -69,11 +70,6 @@ thread_local! {
 
 /// Answers kept per role and kind before they are forgotten and worked out again.
 const MAX_ANSWERS: usize = 10_000;
-
-static LOAD: Stmt = Stmt {
-    sql: "SELECT role::oid, kind, pattern FROM idempotency.scope_grants",
-    args: &[],
-};
 
 /// Registers the callbacks that forget answers when role memberships change. Once per process.
 pub fn init() {
@@ -141,17 +137,21 @@ fn load() -> Known {
     if table_oid() == pg_sys::InvalidOid {
         return known;
     }
-    let conn = Conn::open();
-    let rows = conn.run(&LOAD, &[], Snap::Latest);
-    for i in 0..rows.len() {
-        let role = rows.get::<pg_sys::Oid>(i, 1).expect("role");
-        let kind = match rows.get::<String>(i, 2).as_deref() {
-            Some("scope") => Kind::Scope,
-            _ => Kind::Group,
-        };
-        let pattern = Pattern::parse(&rows.get::<String>(i, 3).expect("pattern"));
-        known.grants.push((role, kind, pattern));
+    // Read without predicate locks (see `pg::latest`): a grant made while SERIALIZABLE consumers run must
+    // not conflict with each of them.
+    let mut grants = Vec::new();
+    // SAFETY: inside the caller's transaction; `table_oid` found the table, whose columns these are.
+    unsafe {
+        latest::each_row(table_oid(), &[c"role", c"kind", c"pattern"], |v| {
+            let [Some(role), Some(kind), Some(pattern)] = v else {
+                return; // NOT NULL columns
+            };
+            let text = |d: pg_sys::Datum| String::from_datum(d, false).expect("text");
+            let kind = if text(*kind) == "scope" { Kind::Scope } else { Kind::Group };
+            grants.push((pg_sys::Oid::from(role.value() as u32), kind, Pattern::parse(&text(*pattern))));
+        });
     }
+    known.grants = grants;
     known
 }
 

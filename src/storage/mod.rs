@@ -66,7 +66,7 @@ pub fn init() {
     deferred::init();
     grants::init();
     pg::catalog::init(&[
-        pg::probe::forget_layouts,
+        pg::layout::forget_layouts,
         pg::direct::forget_layouts,
         lifecycle::partitions::forget_coverage,
         pg::sealed::forget,

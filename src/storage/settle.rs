@@ -48,6 +48,10 @@ static HEARTBEAT: Stmt = Stmt {
 /// Locks the key and returns its lock and record if the caller holds its lease.
 fn held(call: &Call, k: Key, token: Option<i64>) -> (KeyLock, Record) {
     let (lock, rec) = call.lock_and_lookup(k, true).expect("waited for the key");
+    if rec.is_none() {
+        // Answered P0002, which a caller may catch and act on.
+        call.lock_absence(k);
+    }
     (lock, check_held(k, rec, token))
 }
 

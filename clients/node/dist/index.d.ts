@@ -1,102 +1,9 @@
-import type { PoolClient, QueryResult } from "pg";
-export declare const VERSION = "0.1.0";
-export declare const DEFAULT_SCOPE = "default";
-export type Outcome = "claimed" | "completed" | "in_progress" | "failed" | "mismatch";
-/** What the calls need: a pg.Pool, pg.Client or PoolClient. On a Pool every call commits by itself. */
-export interface Queryable {
-    query(text: string, values?: unknown[]): Promise<QueryResult<any>>;
-}
-/** What withTransaction and guard need: a pg.Pool (a connection per transaction). */
-export interface Connectable {
-    connect(): Promise<PoolClient>;
-}
-export interface ClaimOptions {
-    /** default "default" */
-    scope?: string;
-    /** lease length in milliseconds; default the server's idempotency.lease_ttl */
-    ttlMs?: number;
-    /** request fingerprint (see fingerprint()); a different one for the same key is a MismatchError */
-    fingerprint?: string;
-    /** false: answer in_progress at once instead of waiting for another open transaction (default true) */
-    wait?: boolean;
-}
-export interface Claim {
-    key: string;
-    scope: string;
-    outcome: Outcome;
-    /** fencing token (bigint, as a decimal string), null when none */
-    token: string | null;
-    attempts: number;
-    /** stored result (completed) or stored error (failed); null when none */
-    payload: unknown;
-    expiresAt: Date | null;
-}
-/** A claimed key, for the calls that follow the claim. token null: claimed in this transaction. */
-export interface Lease {
-    key: string;
-    scope: string;
-    token: string | null;
-}
-export interface GuardResult<T = unknown> {
-    /** the handler's result, or the stored result of an earlier run */
-    result: T;
-    /** true: a duplicate, the handler did not run */
-    replayed: boolean;
-    attempts: number;
-}
-export declare class IdempotencyError extends Error {
-    constructor(message: string, options?: {
-        cause?: unknown;
-    });
-}
-/** The claim did not give the key to the caller; `claim` says why. */
-export declare class ClaimRefusedError extends IdempotencyError {
-    readonly claim: Claim;
-    constructor(claim: Claim);
-}
-/** Another consumer holds a live lease on the key: redeliver later. */
-export declare class InProgressError extends ClaimRefusedError {
-}
-/** The key failed terminally: `claim.payload` is the stored error. Dead-letter the message. */
-export declare class FailedError extends ClaimRefusedError {
-}
-/** The key exists with a different fingerprint (same key, different request). */
-export declare class MismatchError extends ClaimRefusedError {
-}
-/** 55006: the lease was taken over or released; the fencing token is no longer the key's. `cause` is
- *  pg's 55006 error. `heartbeatError`, from withLease, is the last heartbeat that failed for another
- *  reason (a connection error, a timeout) with no successful heartbeat after it: often why the lease
- *  ran out; undefined when none failed. */
-export declare class LeaseLostError extends IdempotencyError {
-    readonly op: string;
-    readonly lease: Lease;
-    readonly heartbeatError?: unknown | undefined;
-    constructor(op: string, lease: Lease, cause: unknown, heartbeatError?: unknown | undefined);
-}
-/** The handler failed; its error is `cause`. `outcome` is idem_fail's answer ("released": another
- *  attempt may claim the key; "failed": terminal), or null when recording the failure itself failed
- *  (`recordError`, e.g. a LeaseLostError). */
-export declare class HandlerError extends IdempotencyError {
-    readonly key: string;
-    readonly outcome: "released" | "failed" | null;
-    readonly recordError: unknown;
-    constructor(key: string, cause: unknown, outcome: "released" | "failed" | null, recordError?: unknown);
-    /** true when no later delivery will run the handler (the key is failed) */
-    get terminal(): boolean;
-}
-/** Marks a handler's error as terminal: the key is recorded as failed (idem_fail retryable => false). */
-export declare class PermanentError extends Error {
-    constructor(message: string, options?: {
-        cause?: unknown;
-    });
-}
-export declare function permanent(err: unknown): PermanentError;
-/** The SQLSTATE of a database error (pg's DatabaseError, or one inside `cause`), else undefined. */
-export declare function sqlState(err: unknown): string | undefined;
-/** true for a serialization failure (40001) or a deadlock (40P01): run the whole transaction again. */
-export declare function isRetryable(err: unknown): boolean;
-/** true when the key is terminally failed: a FailedError from the claim, or a HandlerError that made it so. */
-export declare function isTerminal(err: unknown): boolean;
+import type { PoolClient } from "pg";
+import type { Claim, ClaimOptions, Connectable, GuardResult, Lease, Queryable } from "./types.js";
+import { ClaimRefusedError, FailedError, HandlerError } from "./errors.js";
+export * from "./types.js";
+export { IdempotencyError, ClaimRefusedError, InProgressError, FailedError, MismatchError, LeaseLostError, HandlerError, PermanentError, permanent, sqlState, isRetryable, isTerminal, } from "./errors.js";
+export * from "./derive.js";
 /** idem_claim. The outcome is returned as is (see refusal() for the error of a refused claim). */
 export declare function claim(db: Queryable, key: string, opts?: ClaimOptions): Promise<Claim>;
 /** The error of a refused claim (in_progress, failed, mismatch), null for claimed and completed. */
@@ -175,17 +82,3 @@ export type LeaseHandler<T> = (lease: Lease, signal: AbortSignal) => Promise<T>;
  *  - a thrown error is recorded with idem_fail (released, or failed for a PermanentError) and rethrown
  *    as a HandlerError. */
 export declare function withLease<T>(db: Queryable, key: string, handler: LeaseHandler<T>, opts?: LeaseOptions): Promise<GuardResult<T>>;
-/** The idempotency key of the parts that identify an event, as idem_key(namespace, VARIADIC parts):
- *  the RFC 4122 version-5 UUID (SHA-1) of the namespace and the name "len:part;" per part (length in
- *  UTF-8 bytes), lowercase hyphenated. At least one part. */
-export declare function idemKey(namespace: string, ...parts: string[]): string;
-/** The value at an RFC 6901 JSON Pointer, null when there is none. */
-export declare function jsonPointer(doc: unknown, path: string): unknown;
-/** RFC 8785 (JCS) canonical JSON of a value (the npm canonicalize package). */
-export declare function canonicalJSON(value: unknown): string;
-/** The request fingerprint of a JSON value, as idem_fingerprint(document, VARIADIC paths): lowercase
- *  hex SHA-256 of the JCS canonical JSON of the whole value (no paths), or of the object mapping each
- *  path (as given) to the value at that JSON Pointer, null where there is none. */
-export declare function fingerprint(document: unknown, paths?: string[]): string;
-/** fingerprint() of a JSON text (numbers become doubles, as in JCS). */
-export declare function fingerprintText(json: string, paths?: string[]): string;

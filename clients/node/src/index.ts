@@ -14,151 +14,20 @@
 // never hidden: they are thrown as pg raised them (a 55006 is wrapped in a LeaseLostError whose `cause`
 // is pg's error). isRetryable() recognizes serialization failures and deadlocks (40001, 40P01), which
 // withTransaction() and guard() retry.
-import { createHash } from "node:crypto";
-import canonicalize from "canonicalize";
-import type { PoolClient, QueryResult } from "pg";
+import type { PoolClient } from "pg";
+import type { Claim, ClaimOptions, Connectable, GuardResult, Lease, Outcome, Queryable } from "./types.js";
+import { DEFAULT_SCOPE } from "./types.js";
+import {
+  ClaimRefusedError, FailedError, HandlerError, InProgressError, LeaseLostError, MismatchError, PermanentError,
+  isRetryable, isTerminal, permanent, sqlState, withHeartbeatError,
+} from "./errors.js";
 
-export const VERSION = "0.1.0";
-export const DEFAULT_SCOPE = "default";
-
-export type Outcome = "claimed" | "completed" | "in_progress" | "failed" | "mismatch";
-
-/** What the calls need: a pg.Pool, pg.Client or PoolClient. On a Pool every call commits by itself. */
-export interface Queryable {
-  query(text: string, values?: unknown[]): Promise<QueryResult<any>>;
-}
-
-/** What withTransaction and guard need: a pg.Pool (a connection per transaction). */
-export interface Connectable {
-  connect(): Promise<PoolClient>;
-}
-
-export interface ClaimOptions {
-  /** default "default" */
-  scope?: string;
-  /** lease length in milliseconds; default the server's idempotency.lease_ttl */
-  ttlMs?: number;
-  /** request fingerprint (see fingerprint()); a different one for the same key is a MismatchError */
-  fingerprint?: string;
-  /** false: answer in_progress at once instead of waiting for another open transaction (default true) */
-  wait?: boolean;
-}
-
-export interface Claim {
-  key: string;
-  scope: string;
-  outcome: Outcome;
-  /** fencing token (bigint, as a decimal string), null when none */
-  token: string | null;
-  attempts: number;
-  /** stored result (completed) or stored error (failed); null when none */
-  payload: unknown;
-  expiresAt: Date | null;
-}
-
-/** A claimed key, for the calls that follow the claim. token null: claimed in this transaction. */
-export interface Lease {
-  key: string;
-  scope: string;
-  token: string | null;
-}
-
-export interface GuardResult<T = unknown> {
-  /** the handler's result, or the stored result of an earlier run */
-  result: T;
-  /** true: a duplicate, the handler did not run */
-  replayed: boolean;
-  attempts: number;
-}
-
-// ------------------------------------------------------------------------------------------------
-// Errors
-
-export class IdempotencyError extends Error {
-  constructor(message: string, options?: { cause?: unknown }) {
-    super(message, options);
-    this.name = new.target.name;
-  }
-}
-
-/** The claim did not give the key to the caller; `claim` says why. */
-export class ClaimRefusedError extends IdempotencyError {
-  constructor(readonly claim: Claim) {
-    super(`key ${JSON.stringify(claim.key)} (scope ${JSON.stringify(claim.scope)}) is ${claim.outcome} after ` +
-          `${claim.attempts} attempts${claim.payload == null ? "" : ": " + JSON.stringify(claim.payload)}`);
-  }
-}
-/** Another consumer holds a live lease on the key: redeliver later. */
-export class InProgressError extends ClaimRefusedError {}
-/** The key failed terminally: `claim.payload` is the stored error. Dead-letter the message. */
-export class FailedError extends ClaimRefusedError {}
-/** The key exists with a different fingerprint (same key, different request). */
-export class MismatchError extends ClaimRefusedError {}
-
-/** 55006: the lease was taken over or released; the fencing token is no longer the key's. `cause` is
- *  pg's 55006 error. `heartbeatError`, from withLease, is the last heartbeat that failed for another
- *  reason (a connection error, a timeout) with no successful heartbeat after it: often why the lease
- *  ran out; undefined when none failed. */
-export class LeaseLostError extends IdempotencyError {
-  constructor(readonly op: string, readonly lease: Lease, cause: unknown, readonly heartbeatError?: unknown) {
-    super(`lease lost: ${op}(${JSON.stringify(lease.key)}, scope ${JSON.stringify(lease.scope)}, token ` +
-          `${lease.token}): ${(cause as Error)?.message ?? cause}` +
-          (heartbeatError === undefined ? "" :
-            ` (after a failed heartbeat: ${(heartbeatError as Error)?.message ?? heartbeatError})`), { cause });
-  }
-}
-
-/** err with hb as the heartbeatError of its lease loss (a new LeaseLostError), any other error as is. */
-function withHeartbeatError(err: unknown, hb: unknown): unknown {
-  if (hb === undefined || !(err instanceof LeaseLostError) || err.heartbeatError !== undefined) return err;
-  return new LeaseLostError(err.op, err.lease, err.cause, hb);
-}
-
-/** The handler failed; its error is `cause`. `outcome` is idem_fail's answer ("released": another
- *  attempt may claim the key; "failed": terminal), or null when recording the failure itself failed
- *  (`recordError`, e.g. a LeaseLostError). */
-export class HandlerError extends IdempotencyError {
-  constructor(readonly key: string, cause: unknown, readonly outcome: "released" | "failed" | null,
-              readonly recordError: unknown = null) {
-    super(`handler of key ${JSON.stringify(key)} failed${outcome ? ` (${outcome})` : ""}: ` +
-          `${(cause as Error)?.message ?? cause}` +
-          (recordError ? ` (recording the failure failed: ${(recordError as Error)?.message ?? recordError})` : ""),
-          { cause });
-  }
-  /** true when no later delivery will run the handler (the key is failed) */
-  get terminal(): boolean { return this.outcome === "failed"; }
-}
-
-/** Marks a handler's error as terminal: the key is recorded as failed (idem_fail retryable => false). */
-export class PermanentError extends Error {
-  constructor(message: string, options?: { cause?: unknown }) {
-    super(message, options);
-    this.name = "PermanentError";
-  }
-}
-export function permanent(err: unknown): PermanentError {
-  return err instanceof PermanentError ? err
-    : new PermanentError((err as Error)?.message ?? String(err), { cause: err });
-}
-
-/** The SQLSTATE of a database error (pg's DatabaseError, or one inside `cause`), else undefined. */
-export function sqlState(err: unknown): string | undefined {
-  for (let e: any = err, depth = 0; e && depth < 8; e = e.cause, depth++) {
-    if (typeof e.code === "string" && /^[0-9A-Z]{5}$/.test(e.code) && "severity" in e) return e.code;
-  }
-  return undefined;
-}
-
-/** true for a serialization failure (40001) or a deadlock (40P01): run the whole transaction again. */
-export function isRetryable(err: unknown): boolean {
-  const s = sqlState(err);
-  return s === "40001" || s === "40P01";
-}
-
-/** true when the key is terminally failed: a FailedError from the claim, or a HandlerError that made it so. */
-export function isTerminal(err: unknown): boolean {
-  return err instanceof FailedError || (err instanceof HandlerError && err.terminal);
-}
+export * from "./types.js";
+export {
+  IdempotencyError, ClaimRefusedError, InProgressError, FailedError, MismatchError, LeaseLostError, HandlerError,
+  PermanentError, permanent, sqlState, isRetryable, isTerminal,
+} from "./errors.js";
+export * from "./derive.js";
 
 // ------------------------------------------------------------------------------------------------
 // The SQL calls
@@ -468,79 +337,4 @@ export async function withLease<T>(db: Queryable, key: string, handler: LeaseHan
     throw new HandlerError(key, herr, null, withHeartbeatError(ferr, heartbeatError));
   }
   throw new HandlerError(key, herr, outcome);
-}
-
-// ------------------------------------------------------------------------------------------------
-// Keys and fingerprints (the same as the extension's idem_key and idem_fingerprint)
-
-function uuidBytes(u: string): Buffer {
-  const hex = u.replace(/-/g, "");
-  if (!/^[0-9a-fA-F]{32}$/.test(hex)) throw new TypeError(`not a UUID: ${JSON.stringify(u)}`);
-  return Buffer.from(hex, "hex");
-}
-
-/** The idempotency key of the parts that identify an event, as idem_key(namespace, VARIADIC parts):
- *  the RFC 4122 version-5 UUID (SHA-1) of the namespace and the name "len:part;" per part (length in
- *  UTF-8 bytes), lowercase hyphenated. At least one part. */
-export function idemKey(namespace: string, ...parts: string[]): string {
-  if (parts.length === 0) throw new TypeError("idemKey needs at least one part");
-  const name: Buffer[] = [];
-  for (const p of parts) {
-    if (typeof p !== "string") throw new TypeError(`idemKey parts must be strings, got ${p === null ? "null" : typeof p}`);
-    const b = Buffer.from(p, "utf8");
-    name.push(Buffer.from(`${b.length}:`), b, Buffer.from(";"));
-  }
-  const h = createHash("sha1").update(uuidBytes(namespace)).update(Buffer.concat(name)).digest();
-  h[6] = (h[6] & 0x0f) | 0x50;
-  h[8] = (h[8] & 0x3f) | 0x80;
-  const x = h.subarray(0, 16).toString("hex");
-  return `${x.slice(0, 8)}-${x.slice(8, 12)}-${x.slice(12, 16)}-${x.slice(16, 20)}-${x.slice(20)}`;
-}
-
-const ARRAY_INDEX = /^(0|[1-9][0-9]*)$/;
-const own = (o: object, k: string) => Object.prototype.hasOwnProperty.call(o, k);
-
-/** The value at an RFC 6901 JSON Pointer, null when there is none. */
-export function jsonPointer(doc: unknown, path: string): unknown {
-  if (path === "") return doc;
-  if (!path.startsWith("/")) throw new TypeError(`not a JSON Pointer (empty or starting with '/'): ${JSON.stringify(path)}`);
-  let v: any = doc;
-  for (const raw of path.slice(1).split("/")) {
-    const tok = raw.replace(/~1/g, "/").replace(/~0/g, "~");
-    if (Array.isArray(v)) {
-      if (!ARRAY_INDEX.test(tok) || Number(tok) >= v.length) return null;
-      v = v[Number(tok)];
-    } else if (v !== null && typeof v === "object") {
-      if (!own(v, tok)) return null;
-      v = v[tok];
-    } else {
-      return null;
-    }
-  }
-  return v === undefined ? null : v;
-}
-
-/** RFC 8785 (JCS) canonical JSON of a value (the npm canonicalize package). */
-export function canonicalJSON(value: unknown): string {
-  const s = canonicalize(value);
-  if (s === undefined) throw new TypeError("the value has no JSON representation");
-  return s;
-}
-
-/** The request fingerprint of a JSON value, as idem_fingerprint(document, VARIADIC paths): lowercase
- *  hex SHA-256 of the JCS canonical JSON of the whole value (no paths), or of the object mapping each
- *  path (as given) to the value at that JSON Pointer, null where there is none. */
-export function fingerprint(document: unknown, paths: string[] = []): string {
-  let v: unknown = document;
-  if (paths.length > 0) {
-    const sel: Record<string, unknown> = Object.create(null);
-    for (const p of paths) sel[p] = jsonPointer(document, p);
-    v = sel;
-  }
-  return createHash("sha256").update(canonicalJSON(v), "utf8").digest("hex");
-}
-
-/** fingerprint() of a JSON text (numbers become doubles, as in JCS). */
-export function fingerprintText(json: string, paths: string[] = []): string {
-  return fingerprint(JSON.parse(json), paths);
 }

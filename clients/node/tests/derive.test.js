@@ -3,7 +3,7 @@ import assert from "node:assert/strict";
 import { createHash } from "node:crypto";
 import { readFileSync } from "node:fs";
 import pg from "pg";
-import { idemKey, fingerprint, fingerprintText, canonicalJSON, jsonPointer } from "../dist/index.js";
+import { idemKey, fingerprint, fingerprintText, canonicalJSON, jsonPointer, MAX_DEPTH, DocumentTooDeepError } from "../dist/index.js";
 
 // clients/vectors.json: the vectors every client library and the SQL functions must agree on.
 // IDEM_VECTORS names another copy (e.g. the SQL side's).
@@ -23,6 +23,28 @@ test("fingerprint vectors", () => {
     assert.equal(fingerprint(v.document, v.paths), v.fingerprint,
                  `fingerprints[${i}] ${JSON.stringify(v.document)} ${JSON.stringify(v.paths)}`);
   }
+});
+
+// The documents of the refused vectors: `nest` arrays (or objects {"a": ...}) around 1.
+function nestedText(n, kind) {
+  return kind === "array" ? "[".repeat(n) + "1" + "]".repeat(n) : '{"a":'.repeat(n) + "1" + "}".repeat(n);
+}
+function nested(n, kind) {
+  let doc = 1;
+  for (let i = 0; i < n; i++) doc = kind === "array" ? [doc] : { a: doc };
+  return doc;
+}
+
+test("deep documents are refused with 54000", () => {
+  assert.equal(MAX_DEPTH, 100);
+  assert.ok(vectors.refused.length >= 4);
+  for (const [i, v] of vectors.refused.entries()) {
+    for (const run of [() => fingerprint(nested(v.nest, v.kind), v.paths), () => fingerprintText(nestedText(v.nest, v.kind), v.paths)]) {
+      assert.throws(run, (e) => e instanceof DocumentTooDeepError && e.code === v.sqlstate && v.sqlstate === "54000",
+                    `refused[${i}] ${v.nest} ${v.kind}`);
+    }
+  }
+  assert.equal(fingerprintText(nestedText(MAX_DEPTH, "array")), fingerprint(nested(MAX_DEPTH, "array")));
 });
 
 test("key: UUID v5 of length-prefixed parts", () => {

@@ -131,3 +131,38 @@ def test_vectors_agree_with_sql_idem_fingerprint(connect):
         if fp != v["fingerprint"]:
             bad.append(v)
     assert not bad, bad
+
+
+def _nested(levels, kind):
+    doc = 1
+    for _ in range(levels):
+        doc = [doc] if kind == "array" else {"a": doc}
+    return doc
+
+
+def test_deep_documents_are_refused_with_54000():
+    from idempotency_client import MAX_DEPTH, DocumentTooDeep
+    from idempotency_client.derive import depth
+
+    assert MAX_DEPTH == 100
+    assert depth(1) == 0 and depth([]) == 1 and depth({"a": [1, {"b": []}], "c": {}}) == 4
+    assert len(fingerprint(_nested(MAX_DEPTH, "array"))) == 64
+    data = json.loads(VECTORS.read_text(encoding="utf-8"))
+    assert len(data["refused"]) >= 4
+    for v in data["refused"]:
+        with pytest.raises(DocumentTooDeep) as e:
+            fingerprint(_nested(v["nest"], v["kind"]), v["paths"])
+        assert e.value.sqlstate == v["sqlstate"] == "54000"
+
+
+def test_refused_vectors_agree_with_sql(connect):
+    conn = connect()
+    _require_function(conn, "idem_fingerprint")
+    data = json.loads(VECTORS.read_text(encoding="utf-8"))
+    for v in data["refused"]:
+        text = ("[" * v["nest"] + "1" + "]" * v["nest"]) if v["kind"] == "array" \
+            else ('{"a":' * v["nest"] + "1" + "}" * v["nest"])
+        with pytest.raises(psycopg.Error) as e:
+            conn.execute("SELECT idem_fingerprint(%s::jsonb, VARIADIC %s::text[])", (text, v["paths"]))
+        assert e.value.sqlstate == v["sqlstate"], v
+        conn.rollback()

@@ -13,7 +13,7 @@ import sys
 
 HERE = pathlib.Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parents[1] / "src"))
-from idempotency_client.derive import fingerprint, idem_key  # noqa: E402
+from idempotency_client.derive import DocumentTooDeep, fingerprint, idem_key  # noqa: E402
 
 OUT = HERE.parents[2] / "vectors.json"
 
@@ -93,12 +93,37 @@ FP_CASES = [
 ]
 
 
+def nested(levels, kind="array"):
+    """`levels` arrays (or objects {"a": ...}) around the number 1, built without recursion."""
+    doc = 1
+    for _ in range(levels):
+        doc = [doc] if kind == "array" else {"a": doc}
+    return doc
+
+
+# The deepest documents a fingerprint takes (MAX_DEPTH = 100), with and without a path into them.
+FP_CASES += [(nested(100), []), (nested(100, "object"), ["/a/a"])]
+# Documents every implementation refuses with 54000, written as {"nest": levels, "kind": ...} (a client
+# builds the document): one level too deep, and far too deep for any recursive parser or canonicalizer.
+REFUSED = [(101, "array", []), (101, "object", []), (101, "array", ["/0"]), (5000, "array", []), (5000, "object", [])]
+
+
 def compute():
     return {
         "keys": [{"namespace": ns, "parts": parts, "key": idem_key(ns, *parts)} for ns, parts in KEY_CASES],
         "fingerprints": [{"document": doc, "paths": paths, "fingerprint": fingerprint(doc, paths)}
                          for doc, paths in FP_CASES],
+        "refused": [{"nest": n, "kind": kind, "paths": paths, "sqlstate": refused(nested(n, kind), paths)}
+                    for n, kind, paths in REFUSED],
     }
+
+
+def refused(doc, paths):
+    try:
+        fingerprint(doc, paths)
+    except DocumentTooDeep as e:
+        return e.sqlstate
+    raise AssertionError("a document deeper than MAX_DEPTH was fingerprinted")
 
 
 def render():

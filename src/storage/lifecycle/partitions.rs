@@ -97,16 +97,18 @@ static COVERAGE_UNSEALED: Stmt = Stmt {
                    ORDER BY v.range_from LIMIT 1) p ON true",
     args: &[pg_sys::TIMESTAMPTZOID],
 };
+/// `$2` lists the sealed partitions (from `sealed`, read without predicate locks): the query reads no
+/// table of the storage (the view's join to `idempotency.sealed` goes, its columns unused), so it takes no
+/// predicate locks in a SERIALIZABLE caller's transaction.
 static COVERAGE: Stmt = Stmt {
-    sql: "SELECT p.range_from, p.range_to, p.partition, (SELECT max(range_to) FROM idempotency.sealed)
+    sql: "SELECT p.range_from, p.range_to, p.partition
             FROM (SELECT) AS one
             LEFT JOIN LATERAL (
                   SELECT v.range_from, v.range_to, v.partition::oid AS partition
                     FROM idempotency.partitions v
-                   WHERE v.range_to > $1
-                     AND NOT EXISTS (SELECT 1 FROM idempotency.sealed s WHERE s.partition = v.partition::oid)
+                   WHERE v.range_to > $1 AND v.partition::oid <> ALL ($2)
                    ORDER BY v.range_from LIMIT 1) p ON true",
-    args: &[pg_sys::TIMESTAMPTZOID],
+    args: &[pg_sys::TIMESTAMPTZOID, pg_sys::OIDARRAYOID],
 };
 
 /// Partitions whose whole range ends at or before `$1`, oldest first.
@@ -185,9 +187,13 @@ fn look_up_coverage(conn: &Conn, ts: pg_sys::TimestampTz) {
 }
 
 fn read_coverage(conn: &Conn, ts: pg_sys::TimestampTz) -> Coverage {
-    let stmt = if sealed::installed() { &COVERAGE } else { &COVERAGE_UNSEALED };
-    let rows = conn.run(stmt, &[ts_arg(ts)], Snap::Latest);
-    let sealed_to = rows.get_ts(0, 4);
+    let (rows, sealed_to) = if sealed::installed() {
+        let known = sealed::sealed();
+        let partitions: Vec<pg_sys::Oid> = known.filters.keys().copied().collect();
+        (conn.run(&COVERAGE, &[ts_arg(ts), arg(partitions)], Snap::Latest), known.sealed_to)
+    } else {
+        (conn.run(&COVERAGE_UNSEALED, &[ts_arg(ts)], Snap::Latest), None)
+    };
     match (rows.get_ts(0, 1), rows.get_ts(0, 2), rows.get::<pg_sys::Oid>(0, 3)) {
         (Some(from), Some(to), Some(partition)) => {
             Coverage { lo: ts.min(from), from, to, partition, sealed_to }

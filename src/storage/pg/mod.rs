@@ -4,13 +4,16 @@
 //!
 //! - `spi`: saved statements run as the storage's owner (`owner`); `settings`: session settings pinned
 //!   while the storage runs DDL or maintenance;
-//! - `probe`: index lookups without the executor; `direct`: row inserts without it, behind `writer`,
+//! - `probe`: index lookups without the executor (`layout`: where a partition keeps what they read;
+//!   `leaves`: the partitions they search; `tuple`: a record found); `latest`: reads under the latest
+//!   snapshot that take no SERIALIZABLE predicate locks; `direct`: row inserts without the executor, behind `writer`,
 //!   the one row writer;
 //! - `catalog`: cached catalog facts and the invalidations that clear them; `bounds`: partition
 //!   bounds read from the catalog;
 //! - `keylock`: the per-key lock and the storage's other advisory locks; `holds`: keys held past the
-//!   lock budget in a shared table instead; `unlocked`: whether some transaction's uncommitted rows stand
-//!   in for key locks it gave back (when that table is full); `xact`: transaction facts;
+//!   lock budget in a shared table instead (`heldtable`: that table); `unlocked`: whether some
+//!   transaction's uncommitted rows stand in for key locks it gave back (when that table is full);
+//!   `xact`: transaction facts;
 //! - `document`: jsonb payloads passed through; `filter`: the membership filter's arithmetic;
 //!   `sealed`: what a backend knows of the sealed partitions, and the reads of their filters;
 //! - `compat`: the calls whose form differs between PostgreSQL 15, 16, 17 and 18.
@@ -20,13 +23,18 @@ pub mod compat;
 pub mod direct;
 pub mod document;
 pub mod filter;
+pub mod heldtable;
 pub mod holds;
 pub mod keylock;
+pub mod latest;
+pub mod layout;
+pub mod leaves;
 pub mod owner;
 pub mod probe;
 pub mod sealed;
 pub mod settings;
 pub mod spi;
+pub mod tuple;
 pub mod unlocked;
 pub mod writer;
 pub mod xact;

@@ -5,7 +5,6 @@
 //! `lifecycle::sealing`; their arithmetic is `filter`.
 use super::catalog::{self, Invalidated};
 use super::filter::{block_has, block_of, BLOCK_BYTES, CHUNK_BLOCKS};
-use super::spi::{Conn, Snap, Stmt};
 use crate::gucs;
 use pgrx::pg_sys;
 use std::cell::RefCell;
@@ -60,23 +59,6 @@ pub fn forget(what: Invalidated) {
     }
 }
 
-/// The sealed partitions that exist, with the chunk locations of their filters, one row per
-/// chunk in order (a partition without a filter has one row with a NULL chunk). A row of
-/// `idempotency.sealed` counts only while its partition still has the oid and name it was sealed
-/// under: a dropped partition's oid given to a new relation never inherits its filter.
-static LOAD: Stmt = Stmt {
-    sql: "SELECT s.partition, s.blocks, (t::text::point)[0]::int8, (t::text::point)[1]::int4,
-                 (SELECT max(range_to) FROM idempotency.sealed),
-                 'idempotency.filter_chunks'::regclass::oid
-            FROM idempotency.sealed s
-            JOIN pg_catalog.pg_class c ON c.oid = s.partition AND c.relname = s.partition_name
-            JOIN pg_catalog.pg_inherits i ON i.inhrelid = c.oid
-                 AND i.inhparent = 'idempotency.records'::regclass
-            LEFT JOIN LATERAL unnest(s.chunks) WITH ORDINALITY AS u(t, n) ON true
-           ORDER BY s.partition, u.n",
-    args: &[],
-};
-
 /// Whether the schema has sealed partitions at all: not between the restart on this library
 /// and `ALTER EXTENSION idempotency UPDATE` from 0.2.0, when everything works as 0.2.0 did.
 pub fn installed() -> bool {
@@ -98,8 +80,7 @@ pub fn sealed() -> Rc<Sealed> {
         SEALED.with(|s| *s.borrow_mut() = Some(known.clone()));
         return known;
     }
-    let conn = Conn::open();
-    let (known, settled) = catalog::read_for_cache(|| load(&conn));
+    let (known, settled) = catalog::read_for_cache(load);
     let known = Rc::new(known);
     // Unsettled: used for this call only (knowing less than the truth is safe, see above).
     if settled {
@@ -108,36 +89,99 @@ pub fn sealed() -> Rc<Sealed> {
     known
 }
 
-fn load(conn: &Conn) -> Sealed {
-    let mut known = Sealed::default();
-    let rows = conn.run(&LOAD, &[], Snap::Latest);
-    let mut building: HashMap<pg_sys::Oid, Filter> = HashMap::new();
-    for i in 0..rows.len() {
-        let partition: pg_sys::Oid = rows.get(i, 1).expect("partition");
-        let blocks: i32 = rows.get(i, 2).expect("blocks");
-        known.sealed_to = rows.get_ts(i, 5);
-        known.chunks_rel = rows.get(i, 6).expect("filter_chunks");
-        let (Some(block), Some(item)) = (rows.get::<i64>(i, 3), rows.get::<i32>(i, 4)) else {
-            known.filters.insert(partition, None);
-            continue;
+extern "C" {
+    // `catalog/partition.h`, which pgrx's bindings leave out; the same signature in 15 to 18.
+    fn get_partition_parent(relid: pg_sys::Oid, even_if_detached: bool) -> pg_sys::Oid;
+}
+
+/// A sealed partition as `idempotency.sealed` lists it.
+struct Row {
+    partition: pg_sys::Oid,
+    name: String,
+    blocks: i32,
+    chunks: Vec<pg_sys::ItemPointerData>,
+    range_to: pg_sys::TimestampTz,
+}
+
+/// The rows of `idempotency.sealed` the latest snapshot sees, read without predicate locks (see
+/// `latest`): a seal committed while SERIALIZABLE consumers run must not conflict with each of them.
+///
+/// # Safety
+/// Inside a transaction; the table exists.
+unsafe fn read_rows(table: pg_sys::Oid) -> Vec<Row> {
+    let mut rows = Vec::new();
+    let columns = [c"partition", c"partition_name", c"blocks", c"chunks", c"range_to"];
+    super::latest::each_row(table, &columns, |v| {
+        let [Some(partition), Some(name), Some(blocks), Some(chunks), Some(range_to)] = v else {
+            return; // NOT NULL columns
         };
-        let mut tid = pg_sys::ItemPointerData::default();
-        pgrx::itemptr::item_pointer_set_all(&mut tid, block as u32, item as u16);
-        building
-            .entry(partition)
-            .or_insert_with(|| Filter {
-                partition,
-                blocks: blocks as u32,
-                chunks: Vec::new(),
-                copy: RefCell::new(BitsCopy::Unread),
-            })
-            .chunks
-            .push(tid);
+        let name = std::ffi::CStr::from_ptr(name.cast_mut_ptr::<std::ffi::c_char>()).to_string_lossy().into_owned();
+        rows.push(Row {
+            partition: pg_sys::Oid::from(partition.value() as u32),
+            name,
+            blocks: blocks.value() as i32,
+            chunks: tids(*chunks),
+            range_to: range_to.value() as i64,
+        });
+    });
+    rows
+}
+
+/// The elements of a `tid[]` without NULLs, in order.
+///
+/// # Safety
+/// `datum` is a non-NULL `tid[]`, maybe toasted.
+unsafe fn tids(datum: pg_sys::Datum) -> Vec<pg_sys::ItemPointerData> {
+    let array = pg_sys::pg_detoast_datum(datum.cast_mut_ptr()) as *mut pg_sys::ArrayType;
+    let (mut elems, mut nulls, mut n) = (std::ptr::null_mut(), std::ptr::null_mut(), 0);
+    // tid: 6 bytes, by reference, aligned on shorts.
+    pg_sys::deconstruct_array(array, pg_sys::TIDOID, 6, false, b's' as std::ffi::c_char, &mut elems, &mut nulls, &mut n);
+    (0..n as usize)
+        .filter(|&i| !*nulls.add(i))
+        .map(|i| *((*elems.add(i)).cast_mut_ptr::<pg_sys::ItemPointerData>()))
+        .collect()
+}
+
+/// Whether `partition` is still the partition of the record table named `name` (a dropped partition's
+/// oid given to a new relation never inherits its filter).
+fn still_there(partition: pg_sys::Oid, name: &str) -> bool {
+    // SAFETY: syscache and pg_inherits lookups by oid; get_partition_parent is only asked about a
+    // relation that is a partition, which always has a parent.
+    unsafe {
+        let relname = pg_sys::get_rel_name(partition);
+        if relname.is_null() || std::ffi::CStr::from_ptr(relname).to_bytes() != name.as_bytes() {
+            return false;
+        }
+        pg_sys::get_rel_relispartition(partition) && get_partition_parent(partition, true) == catalog::records_oid()
     }
-    for (oid, filter) in building {
+}
+
+fn load() -> Sealed {
+    let mut known = Sealed::default();
+    // SAFETY: inside the caller's transaction; `installed` found the table.
+    let rows = unsafe {
+        let schema = pg_sys::get_namespace_oid(c"idempotency".as_ptr(), false);
+        read_rows(pg_sys::get_relname_relid(c"sealed".as_ptr(), schema))
+    };
+    let newest = rows.iter().map(|r| r.range_to).max();
+    for row in rows.into_iter().filter(|r| still_there(r.partition, &r.name)) {
+        known.sealed_to = newest;
+        if known.chunks_rel == pg_sys::InvalidOid {
+            // SAFETY: a catalog lookup by name; the table comes with `sealed`.
+            known.chunks_rel = unsafe {
+                let schema = pg_sys::get_namespace_oid(c"idempotency".as_ptr(), false);
+                pg_sys::get_relname_relid(c"filter_chunks".as_ptr(), schema)
+            };
+        }
+        let filter = Filter {
+            partition: row.partition,
+            blocks: row.blocks as u32,
+            chunks: row.chunks,
+            copy: RefCell::new(BitsCopy::Unread),
+        };
         let complete =
             filter.blocks > 0 && filter.chunks.len() == (filter.blocks as usize).div_ceil(CHUNK_BLOCKS);
-        known.filters.insert(oid, complete.then(|| Rc::new(filter)));
+        known.filters.insert(row.partition, complete.then(|| Rc::new(filter)));
     }
     known
 }

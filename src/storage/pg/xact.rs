@@ -33,6 +33,12 @@ pub fn snapshot_misses(xmin: pg_sys::TransactionId) -> bool {
     unsafe { pg_sys::XidInMVCCSnapshot(xmin, pg_sys::GetTransactionSnapshot()) }
 }
 
+/// Whether the current transaction is SERIALIZABLE (and so takes predicate locks).
+pub fn serializable() -> bool {
+    // SAFETY: reads the isolation level, a backend global set at transaction start.
+    unsafe { pg_sys::XactIsoLevel == pg_sys::XACT_SERIALIZABLE as i32 }
+}
+
 /// Runs `f` in a subtransaction of its own: its effects are kept when it returns, and undone when it
 /// raises an ERROR, which is then returned as its message instead of aborting the transaction (what a
 /// PL/pgSQL exception block does).

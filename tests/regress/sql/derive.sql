@@ -19,8 +19,17 @@ SELECT idem_fingerprint('{"a": 1}') = idem_fingerprint('{"a": 2}') AS same;
 SELECT idem_fingerprint('{"amount": 5, "trace": "x"}', '/amount') = idem_fingerprint('{"amount": 5, "trace": "y"}', '/amount') AS same;
 -- An array of parts works as VARIADIC.
 SELECT idem_key('6ba7b810-9dad-11d1-80b4-00c04fd430c8', VARIADIC ARRAY['orders', '42']) = idem_key('6ba7b810-9dad-11d1-80b4-00c04fd430c8', 'orders', '42') AS same;
+-- Documents nested up to 100 arrays and objects deep are fingerprinted, the same value as the client
+-- libraries' (clients/vectors.json); deeper ones (PostgreSQL takes thousands of levels) are refused with
+-- 54000, never with a parser's internal error.
+SELECT idem_fingerprint((repeat('[', 100) || '1' || repeat(']', 100))::jsonb) = '8f5812d74e5775f7b58b53904132a004d49f80ac62e5984c192a16453fb041b7' AS pinned;
+SELECT length(idem_fingerprint((repeat('{"a":', 100) || '1' || repeat('}', 100))::jsonb, '/a/a')) AS fp_len;
+SELECT idem_fingerprint(jsonb_build_object('s', repeat('[', 500), 'n', (repeat('[', 99) || ']' || repeat(']', 98))::jsonb)) IS NOT NULL AS brackets_in_strings_do_not_count;
 -- Bad input: documented SQLSTATEs, no result.
 \set VERBOSITY sqlstate
+SELECT idem_fingerprint((repeat('[', 101) || '1' || repeat(']', 101))::jsonb);
+SELECT idem_fingerprint((repeat('{"a":', 101) || '1' || repeat('}', 101))::jsonb, '/a');
+SELECT idem_fingerprint((repeat('[', 5000) || '1' || repeat(']', 5000))::jsonb);
 SELECT idem_key(NULL, 'a');
 SELECT idem_key('6ba7b810-9dad-11d1-80b4-00c04fd430c8', 'a', NULL);
 SELECT idem_key('6ba7b810-9dad-11d1-80b4-00c04fd430c8', VARIADIC ARRAY[]::text[]);

@@ -10,6 +10,9 @@ The contract (issue 15, item 4):
   the document, or, with paths, of the object mapping each path (as given) to the value at that RFC 6901
   JSON Pointer, JSON null where there is none.
 
+* A document whose arrays and objects nest deeper than ``MAX_DEPTH`` (100; a scalar is 0 deep, ``[]`` 1) is
+  refused with :class:`DocumentTooDeep` (``sqlstate`` ``54000``), as the SQL function refuses it.
+
 Canonical JSON comes from the ``rfc8785`` package. Numbers are IEEE doubles as in JCS: a Python int
 outside +-(2**53 - 1) is converted to the nearest double first (as the database does with a jsonb number),
 so it loses precision instead of raising.
@@ -22,9 +25,43 @@ from typing import Any, Iterable, Mapping, Sequence, Union
 
 import rfc8785
 
-__all__ = ["idem_key", "key_name", "fingerprint", "canonical_json", "resolve_pointer", "MISSING"]
+__all__ = ["idem_key", "key_name", "fingerprint", "canonical_json", "resolve_pointer", "MISSING",
+           "MAX_DEPTH", "DocumentTooDeep", "depth"]
 
 _SAFE_INT = 2**53 - 1
+
+#: The deepest nesting of arrays and objects a fingerprinted document may have (the extension's too).
+MAX_DEPTH = 100
+
+
+class DocumentTooDeep(ValueError):
+    """A document nests arrays and objects deeper than MAX_DEPTH: what idem_fingerprint refuses with 54000."""
+
+    sqlstate = "54000"
+
+    def __init__(self, depth: int):
+        super().__init__(f"document nests arrays and objects more than {MAX_DEPTH} deep (the limit of a fingerprint)")
+        self.depth = depth  # at least this deep
+
+
+def depth(value: Any, limit: int = MAX_DEPTH) -> int:
+    """How deeply arrays and objects nest in a JSON value (0 for a scalar), counted without recursion; the
+    count stops once past ``limit`` (the caller refuses such a document anyway)."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, Mapping):
+            children = v.values()
+        elif isinstance(v, (list, tuple)):
+            children = v
+        else:
+            continue
+        d += 1
+        deepest = max(deepest, d)
+        if deepest > limit:
+            return deepest
+        stack.extend((c, d) for c in children)
+    return deepest
 
 
 def key_name(*parts: str) -> bytes:
@@ -120,6 +157,9 @@ def fingerprint(document: Any, paths: Union[Sequence[str], Iterable[str]] = ()) 
     ``{path: value at path (null when absent)}`` over the given JSON Pointers."""
     if isinstance(paths, str):
         raise TypeError("paths is a sequence of JSON Pointers, not one string")
+    deepest = depth(document)
+    if deepest > MAX_DEPTH:
+        raise DocumentTooDeep(deepest)
     paths = list(paths)
     if paths:
         selected = {}
