@@ -358,7 +358,17 @@ BEGIN
     INSERT INTO idempotency.records (scope, key, status, attempts, created_at, updated_at)
     VALUES (sc, k, 'completed', 1, idempotency.created_at(w_from, w_to), pg_catalog.now())
     ON CONFLICT DO NOTHING;
-    RETURN FOUND;
+    IF FOUND THEN
+        RETURN true;
+    END IF;
+    -- The key was there: it was read, not written. Under SERIALIZABLE, read its row as a query does (ON
+    -- CONFLICT's check takes no predicate lock), so that a transaction deleting it is seen (idem_forget).
+    IF pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'serializable' THEN
+        PERFORM FROM idempotency.records x
+         WHERE x.key OPERATOR(pg_catalog.=) k AND x.scope OPERATOR(pg_catalog.=) sc
+           AND x.created_at OPERATOR(pg_catalog.>=) w_from AND x.created_at OPERATOR(pg_catalog.<) w_to;
+    END IF;
+    RETURN false;
 END
 $$;
 

@@ -188,6 +188,13 @@ BEGIN
         ON CONFLICT DO NOTHING
         RETURNING x.key)
     SELECT pg_catalog.array_agg(wr.key) INTO fresh FROM written wr;
+    -- Keys that were there were read, not written: under SERIALIZABLE, read them as a query does (see
+    -- idempotency.once_one).
+    IF pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'serializable' THEN
+        PERFORM FROM idempotency.records x
+         WHERE x.scope OPERATOR(pg_catalog.=) idem_once_batch.scope AND x.key OPERATOR(pg_catalog.=) ANY (idem_once_batch.keys)
+           AND x.created_at OPERATOR(pg_catalog.>=) w.range_from AND x.created_at OPERATOR(pg_catalog.<) w.range_to;
+    END IF;
     RETURN QUERY
     SELECT v.k FROM (SELECT u.k, pg_catalog.min(u.i) AS i
                        FROM pg_catalog.unnest(idem_once_batch.keys) WITH ORDINALITY AS u(k, i)
