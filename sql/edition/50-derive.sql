@@ -280,8 +280,6 @@ RETURNS pg_catalog.text
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp SET extra_float_digits = 1 AS $$
 DECLARE
-    size pg_catalog.int8;
-    max_bytes pg_catalog.int8;
     subject pg_catalog.jsonb;
     path pg_catalog.text;
     tokens pg_catalog.text[];
@@ -292,19 +290,8 @@ BEGIN
     IF document IS NULL THEN
         RAISE EXCEPTION 'idempotency: document must not be NULL' USING ERRCODE = '22004';
     END IF;
-    -- Within idempotency.max_payload_bytes before anything else: the native extension's size is the
-    -- detoasted datum's (uncompressed, a 1-byte header kept as it is). document #> '{}' is the document
-    -- detoasted with a 4-byte header; a short inline datum (at most 127 bytes) had a 1-byte one.
-    size := pg_catalog.pg_column_size(document OPERATOR(pg_catalog.#>) '{}'::pg_catalog.text[]);
-    IF size OPERATOR(pg_catalog.<=) 130
-       AND pg_catalog.pg_column_size(document) OPERATOR(pg_catalog.=) (size OPERATOR(pg_catalog.-) 3) THEN
-        size := size OPERATOR(pg_catalog.-) 3;
-    END IF;
-    max_bytes := idempotency.setting_int('max_payload_bytes');
-    IF size OPERATOR(pg_catalog.>) max_bytes THEN
-        RAISE EXCEPTION 'idempotency: document is % bytes, over the limit of %', size, max_bytes
-            USING ERRCODE = '54000', HINT = 'The limit is set by idempotency.max_payload_bytes.';
-    END IF;
+    -- Within idempotency.max_payload_bytes before anything else, measured as the native extension measures it.
+    PERFORM idempotency.check_document('document', document, idempotency.setting_int('max_payload_bytes')::integer);
     -- At most 100 levels of arrays and objects: is there a container at level 100 (the root is level 0)?
     IF pg_catalog.jsonb_path_exists(document,
            'strict $.**{100} ? (@.type() == "object" || @.type() == "array")') THEN
