@@ -191,8 +191,11 @@ BEGIN
           FROM idempotency.partition_ranges p
          WHERE p.range_from OPERATOR(pg_catalog.>=) upto
          ORDER BY p.range_from LIMIT 1;
-        IF part IS NULL OR range_from OPERATOR(pg_catalog.>) pg_catalog.now() THEN
-            -- Nothing to write to, or only partitions ahead of now (no partition covers now): make them.
+        IF part IS NULL OR range_from OPERATOR(pg_catalog.>) GREATEST(pg_catalog.now(), upto) THEN
+            -- Nothing to write to, or a gap before the oldest unsealed partition that now (or the end of the
+            -- seals) falls in: make them. A write partition that starts where the seals end is used as it is,
+            -- even ahead of now (a round run as of a later time sealed early): making partitions here would
+            -- hold the creation lock, and a maintenance round behind it, until this transaction ends.
             CONTINUE WHEN idempotency.premake_partitions(GREATEST(pg_catalog.now(), upto)) OPERATOR(pg_catalog.>) 0
                        OR part IS NULL;
         END IF;
