@@ -89,6 +89,16 @@ def targets(bench):
     for n in (100, 1000):
         add(f"a week of keys: SQL edition idem_once_batch({n}) >= 0.8x bare batch insert (pg sync=on)", ">= 0.80",
             ratio(f"wk_e_bo_{n}", f"wk_bf_{n}", "on"), lambda v: v >= 0.8, f"keys/s wk_e_bo_{n} / wk_bf_{n}, {wk}")
+    # Issue 29: every call at the floor, fresh and at a week of keys (--only floor29, on each major: --pg).
+    for prefix, what in (("", "fresh"), ("wk_", "a week of keys")):
+        add(f"{what}: idem_once >= 0.95x the bare insert (pg sync=on)", ">= 0.95", ratio(f"{prefix}w2a", f"{prefix}w1", "on"),
+            lambda v: v >= 0.95, f"throughput {prefix}w2a / {prefix}w1, {top} clients")
+        add(f"{what}: claim + complete >= 1.05x the hand-written pair 5a (pg sync=on)", ">= 1.05",
+            ratio(f"{prefix}w3", f"{prefix}w5a", "on"), lambda v: v >= 1.05, f"throughput {prefix}w3 / {prefix}w5a, {top} clients")
+        for n in (100, 1000):
+            add(f"{what}: idem_once_batch({n}) >= 0.95x the bare batch insert (pg sync=on)", ">= 0.95",
+                ratio(f"{prefix}bo_{n}", f"{prefix}bf_{n}", "on"), lambda v: v >= 0.95,
+                f"keys/s {prefix}bo_{n} / {prefix}bf_{n}, {top} clients")
     counts = bench.args.partition_counts
     add(f"{counts[-1]} partitions >= 0.95x the claims/s of {counts[0]}", ">= 0.95",
         ratio(f"p_{len(counts) - 1}", "p_0", "off", 1), lambda v: v >= 0.95, "throughput, 1 client, sync=off")

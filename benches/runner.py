@@ -296,7 +296,8 @@ class Bench:
         so_hash = so_sha256()
         return {
             "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "command": "benches/run" + (" --quick" if self.args.quick else "") + (f" {' '.join(self.args.passthrough)}" if self.args.passthrough else ""),
+            "command": "benches/run" + (f" --pg {os.environ['IDEM_BENCH_PG']}" if os.environ.get("IDEM_BENCH_PG") else "")
+                       + (" --quick" if self.args.quick else "") + (f" {' '.join(self.args.passthrough)}" if self.args.passthrough else ""),
             "mode": "quick" if self.args.quick else "full",
             "duration_s": self.args.duration,
             "rounds": self.args.rounds,

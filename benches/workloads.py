@@ -112,6 +112,9 @@ SELECTIONS = {
     # The SQL edition (issue 28) beside the native extension and the hand-written SQL it is measured against,
     # fresh and at a week of keys.
     "edition": r"^(wk_)?(e_)?(w5a|w3|w5a_biz|w2b|bf_100|bo_100|bf_1000|bo_1000)$",
+    # Issue 29's floor: idem_once, claim + complete and idem_once_batch beside the bare insert and the
+    # hand-written pair, fresh and at a week of keys.
+    "floor29": r"^(wk_)?(w1|w2a|w5a|w3|bf_100|bo_100|bf_1000|bo_1000)$",
 }
 # In this order, so that the rows a ratio compares run back to back (noise hits them alike).
 PGBENCH_SCRIPTS = {
