@@ -15,6 +15,7 @@ every key past the budget is kept by its uncommitted row, and with a table that 
 """
 import random
 import threading
+import time
 
 import psycopg
 import pytest
@@ -210,28 +211,48 @@ def test_overlapping_batches_past_the_budget_apply_each_key_once(db, report):
 
 def _round_behind(consumer, query, finish=()):
     """Runs query (a maintenance round) in a session of its own while consumer's transaction is open; then
-    runs the statements of finish in that transaction and commits it. Returns (whether the round waited for the consumer, the round's first value).
-    Polled until the round ends or waits for the consumer, so no time bound decides the answer. A wait for a
-    relation lock does not count: a seal or a drop waits for a partition's writers at most drop_lock_timeout,
-    then leaves it for the next round. A row, a transaction or an advisory lock it waits for as long as the
-    consumer's transaction lasts."""
+    runs the statements of finish in that transaction and commits it. Returns whether the round waited for
+    the consumer, and the round's first value (an error the round raised is raised here).
+    Polled until the round ends or waits for the consumer. A wait for a row, a transaction or an advisory
+    lock counts at once: it lasts as long as the consumer's transaction. A wait for a relation lock counts
+    only when the same wait is still there after RELATION_WAIT seconds: a seal or a drop waits for a
+    partition's writers at most drop_lock_timeout (100 ms), then leaves it for the next round."""
     consumer_pid = consumer.execute("SELECT pg_backend_pid()").fetchone()[0]
     with connect() as m, connect() as watch:
         round_pid = m.execute("SELECT pg_backend_pid()").fetchone()[0]
-        out = []
-        t = threading.Thread(target=lambda: out.append(m.execute(query).fetchone()[0]))
+        out, failed = [], []
+
+        def run():
+            try:
+                out.append(m.execute(query).fetchone()[0])
+            except psycopg.Error as e:
+                failed.append(e)
+        t = threading.Thread(target=run)
         t.start()
-        blocked = False
+        blocked, relation_wait, since = False, None, None
         while t.is_alive() and not blocked:
-            blocked = watch.execute(
-                "SELECT %s = ANY (pg_blocking_pids(%s)) AND EXISTS (SELECT FROM pg_locks "
-                "WHERE pid = %s AND NOT granted AND locktype <> 'relation')",
-                (consumer_pid, round_pid, round_pid)).fetchone()[0]
+            wait = watch.execute(
+                "SELECT locktype, relation FROM pg_locks WHERE pid = %s AND NOT granted "
+                "AND %s = ANY (pg_blocking_pids(%s))", (round_pid, consumer_pid, round_pid)).fetchone()
+            if wait is None:
+                relation_wait = None
+            elif wait[0] != "relation":
+                blocked = True
+            elif wait != relation_wait:
+                relation_wait, since = wait, time.monotonic()
+            else:
+                blocked = time.monotonic() - since > RELATION_WAIT
         for statement in finish:
             consumer.execute(statement)
         consumer.execute("COMMIT")
         t.join()
-    return blocked, out[0] if out else None
+    if failed:
+        raise failed[0]
+    return blocked, out[0]
+
+
+# Longer than any bounded wait of a round for a relation lock (drop_lock_timeout, 100 ms) by far.
+RELATION_WAIT = 30
 
 
 def test_reclaim_leaves_a_lease_being_taken_over_alone(db):
