@@ -63,6 +63,8 @@ def main():
     ap.add_argument("--name", help="results file name under benches/results/ (default: full or quick)")
     ap.add_argument("--serializable", action="store_true", help="only issue 29's SERIALIZABLE consumers: failures and tries per delivery (results/serializable.*)")
     ap.add_argument("--seed", type=int, default=29, help="seed of --serializable's keys and delivery counts")
+    ap.add_argument("--edition", action="store_true", help="with --serializable: the same scenario in a database with the "
+                    "SQL edition (installed by a non-superuser owner, as on a managed service) instead of the native extension")
     ap.add_argument("--max-wait", type=float, help="seconds to wait before a run for a busy machine to calm down (default 0)")
     args = ap.parse_args()
     args.passthrough = [x for x in sys.argv[1:] if x != "--quick"]
@@ -80,6 +82,8 @@ def main():
     args.partition_counts = [5, 17] if args.quick else [5, 9, 17, 33]
     if args.max_wait is None:
         args.max_wait = 0
+    if args.edition and not args.serializable:
+        ap.error("--edition goes with --serializable (the throughput rows of the SQL edition: --only edition)")
     if args.serializable:
         import serializable
         serializable.run(args)

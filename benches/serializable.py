@@ -65,8 +65,8 @@ def deliver(cur, pattern, scope, key):
             cur.execute("INSERT INTO ser_business VALUES (%s, 42)", (key,))
 
 
-def consumer(pattern, scope, deliveries, out):
-    conn = psycopg.connect(conninfo() + " options='-c default_transaction_isolation=serializable'")
+def consumer(dbname, pattern, scope, deliveries, out):
+    conn = psycopg.connect(conninfo(dbname=dbname) + " options='-c default_transaction_isolation=serializable'")
     tries_per_delivery, failures, starved, other = [], 0, 0, []
     while True:
         try:
@@ -103,7 +103,7 @@ def deliveries_of(mode, rng):
     return keys, queue_
 
 
-def one_round(admin, pattern, mode, rnd, rng):
+def one_round(admin, dbname, pattern, mode, rnd, rng):
     admin.execute("TRUNCATE ser_hand_claim, ser_hand_once, ser_business")
     scope = f"ser-{pattern}-{mode}-{rnd}-{uuid.uuid4().hex[:8]}"
     keys, order = deliveries_of(mode, rng)
@@ -111,7 +111,7 @@ def one_round(admin, pattern, mode, rnd, rng):
     for k in order:
         q.put(k)
     out = []
-    threads = [threading.Thread(target=consumer, args=(pattern, scope, q, out)) for _ in range(SESSIONS)]
+    threads = [threading.Thread(target=consumer, args=(dbname, pattern, scope, q, out)) for _ in range(SESSIONS)]
     t0 = time.time()
     for t in threads:
         t.start()
@@ -154,7 +154,8 @@ def report(rows, meta, path_base):
     lines = [
         "# SERIALIZABLE consumers: serialization failures and tries per delivery (issue 29)",
         "",
-        f"`benches/run --serializable{' --rounds ' + str(meta['rounds'])}`, {meta['when']}, PostgreSQL {meta['server']},",
+        f"`benches/run --serializable{' --edition' if meta['extension'].startswith('SQL edition') else ''}"
+        f"{' --rounds ' + str(meta['rounds'])}`, {meta['when']}, PostgreSQL {meta['server']},",
         f"extension {meta['extension']} (idempotency.so sha256 {meta['extension_so_sha256'][:12]}). {SESSIONS} sessions, {MESSAGES} messages delivered 1 to 4 times each "
         f"(about 1,000 deliveries a round), `default_transaction_isolation = 'serializable'`, a 40001 retried at "
         f"once (at most {MAX_TRIES} tries), one business INSERT into a plain table. Ranges over {meta['rounds']} rounds per row.",
@@ -185,10 +186,25 @@ def report(rows, meta, path_base):
     return summary
 
 
+def install_edition():
+    """The SQL edition in its own database, installed as benches/run --only edition installs it (a
+    non-superuser owner runs the plain script); the consumers then connect there. Its database name."""
+    import types
+    import workloads
+    from runner import Admin
+    bench = types.SimpleNamespace(admin=Admin())
+    # edition_schema.sql grants its business table to the consumer role of schema.sql.
+    bench.admin.q("DO $$ BEGIN CREATE ROLE bench LOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$")
+    workloads.setup_edition(bench)
+    return bench.edition_database
+
+
 def run(args):
     rounds = args.rounds
-    admin = psycopg.connect(conninfo(), autocommit=True)
-    admin.execute("CREATE EXTENSION IF NOT EXISTS idempotency CASCADE")
+    dbname = install_edition() if args.edition else "postgres"
+    admin = psycopg.connect(conninfo(dbname=dbname), autocommit=True)
+    if not args.edition:
+        admin.execute("CREATE EXTENSION IF NOT EXISTS idempotency CASCADE")
     admin.execute(SCHEMA)
     rng = random.Random(args.seed)
     so_before = so_sha256()
@@ -196,14 +212,15 @@ def run(args):
     for mode in ("random", "sequential"):
         for rnd in range(rounds):
             for pattern in PATTERNS:
-                r = one_round(admin, pattern, mode, rnd, rng)
+                r = one_round(admin, dbname, pattern, mode, rnd, rng)
                 log(f"serializable {mode:10s} {pattern:10s} round {rnd}: {r['serialization_failures']} failures, "
                     f"max tries {r['max_tries']}, {r['elapsed_s']}s" + (f", errors {r['other_errors']}" if r["other_errors"] else ""))
                 rows.append(r)
     meta = {
         "when": time.strftime("%Y-%m-%d"), "rounds": rounds, "seed": args.seed,
         "server": admin.execute("SHOW server_version").fetchone()[0],
-        "extension": admin.execute("SELECT extversion FROM pg_extension WHERE extname = 'idempotency'").fetchone()[0],
+        "extension": (f"SQL edition {admin.execute('SELECT idempotency.edition_version()').fetchone()[0]}" if args.edition
+                      else admin.execute("SELECT extversion FROM pg_extension WHERE extname = 'idempotency'").fetchone()[0]),
         "extension_so_sha256": so_before,
     }
     if so_sha256() != so_before:

@@ -39,6 +39,37 @@ BEGIN
 END
 $$;
 
+-- The row of the key this transaction claimed last, for idem_complete to update by its address: a scan by
+-- address takes no predicate lock on a row this transaction wrote, where a lookup by key locks the index page
+-- under SERIALIZABLE, and other consumers' inserts into that page then cost retries (issue 29's scenario: 9x
+-- the hand-written pattern's failures). Kept in a transaction-local setting (undone with a rolled-back
+-- subtransaction, as the claim is). A caller may set it to anything: idem_complete still matches key, scope,
+-- status and holder, so a wrong address only sends it to the lookup by key.
+CREATE FUNCTION idempotency.remember_claim(part oid, row_ctid tid) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_catalog.set_config('idempotency_edition.claimed_row',
+                                  part::text OPERATOR(pg_catalog.||) ' ' OPERATOR(pg_catalog.||) row_ctid::text, true);
+END
+$$;
+
+CREATE FUNCTION idempotency.remembered_claim(OUT part oid, OUT row_ctid tid)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    m text[] := pg_catalog.regexp_match(
+        pg_catalog.current_setting('idempotency_edition.claimed_row', true),
+        '^([0-9]{1,10}) \(([0-9]{1,10}),([0-9]{1,5})\)$');
+BEGIN
+    -- Parsed only within the types' ranges: a value set by hand never raises here.
+    IF m IS NOT NULL AND m[1]::numeric OPERATOR(pg_catalog.<=) 4294967295
+       AND m[2]::numeric OPERATOR(pg_catalog.<=) 4294967295 AND m[3]::numeric OPERATOR(pg_catalog.<=) 65535 THEN
+        part := m[1]::oid;
+        row_ctid := ('(' OPERATOR(pg_catalog.||) m[2] OPERATOR(pg_catalog.||) ',' OPERATOR(pg_catalog.||) m[3]
+                     OPERATOR(pg_catalog.||) ')')::tid;
+    END IF;
+END
+$$;
+
 -- Under REPEATABLE READ and SERIALIZABLE: 40001 when a seal committed after this transaction's snapshot,
 -- which may then miss rows of the newly sealed partition (called before a new key's row is written).
 CREATE FUNCTION idempotency.check_seals_visible(key text, scope text) RETURNS void
@@ -67,6 +98,8 @@ DECLARE
     busy boolean := false;
     inserted boolean := false;
     saved text;
+    at_part oid;
+    at_ctid tid;
 BEGIN
     FOR round IN 1..3 LOOP
         -- A record of the key outside the write partition: in a sealed one (no new rows go there), or, after a
@@ -84,7 +117,7 @@ BEGIN
                 VALUES (sc, k, 'pending', claim_one.token, 1, fp, idempotency.created_at(w_from, w_to),
                         pg_catalog.clock_timestamp(), pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) ttl)
                 ON CONFLICT DO NOTHING
-                RETURNING x.attempts, x.expires_at INTO attempts, expires_at;
+                RETURNING x.attempts, x.expires_at, x.tableoid, x.ctid INTO attempts, expires_at, at_part, at_ctid;
                 inserted := FOUND;
             ELSE
                 -- Not waiting for another transaction's uncommitted row of the key: in_progress.
@@ -96,7 +129,7 @@ BEGIN
                     VALUES (sc, k, 'pending', claim_one.token, 1, fp, idempotency.created_at(w_from, w_to),
                             pg_catalog.clock_timestamp(), pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) ttl)
                     ON CONFLICT DO NOTHING
-                    RETURNING x.attempts, x.expires_at INTO attempts, expires_at;
+                    RETURNING x.attempts, x.expires_at, x.tableoid, x.ctid INTO attempts, expires_at, at_part, at_ctid;
                     inserted := FOUND;
                     PERFORM pg_catalog.set_config('lock_timeout', saved, true);
                 EXCEPTION WHEN lock_not_available THEN
@@ -108,6 +141,7 @@ BEGIN
                 END IF;
             END IF;
             IF inserted THEN
+                PERFORM idempotency.remember_claim(at_part, at_ctid);
                 outcome := 'claimed';
                 RETURN;
             END IF;
@@ -176,7 +210,8 @@ BEGIN
                attempts = x.attempts OPERATOR(pg_catalog.+) 1, fingerprint = coalesce(x.fingerprint, fp),
                updated_at = pg_catalog.clock_timestamp(), expires_at = pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) ttl
          WHERE x.key OPERATOR(pg_catalog.=) k AND x.scope OPERATOR(pg_catalog.=) sc
-        RETURNING x.token, x.attempts, x.expires_at INTO token, attempts, expires_at;
+        RETURNING x.token, x.attempts, x.expires_at, x.tableoid, x.ctid INTO token, attempts, expires_at, at_part, at_ctid;
+        PERFORM idempotency.remember_claim(at_part, at_ctid);
         outcome := 'claimed';
         RETURN;
     END LOOP;
@@ -257,6 +292,7 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 DECLARE
     s idempotency.settings := idempotency.config();
     h record;
+    at record;
 BEGIN
     PERFORM idempotency.check_writable('idem_complete');
     PERFORM idempotency.check_ident('key', idem_complete.key, s.max_key_bytes);
@@ -265,7 +301,21 @@ BEGIN
     PERFORM idempotency.check_document('payload', idem_complete.payload, s.max_payload_bytes);
     PERFORM idempotency.check_token(idem_complete.token);
     -- The common case in one statement: the caller holds the lease (by its token, or as the transaction that
-    -- claimed). Otherwise held_row finds out why not, and raises.
+    -- claimed), first at the address of this transaction's last claim. Otherwise held_row finds out why not,
+    -- and raises.
+    at := idempotency.remembered_claim();
+    IF at.part IS NOT NULL THEN
+        UPDATE idempotency.records x
+           SET status = 'completed', payload = idem_complete.payload, updated_at = pg_catalog.clock_timestamp(), expires_at = NULL
+         WHERE x.tableoid OPERATOR(pg_catalog.=) at.part AND x.ctid OPERATOR(pg_catalog.=) at.row_ctid
+           AND x.key OPERATOR(pg_catalog.=) idem_complete.key AND x.scope OPERATOR(pg_catalog.=) idem_complete.scope
+           AND x.status OPERATOR(pg_catalog.=) 'pending' AND x.token IS NOT NULL
+           AND CASE WHEN idem_complete.token IS NULL THEN idempotency.written_here(x.xmin)
+                    ELSE x.token OPERATOR(pg_catalog.=) idem_complete.token END;
+        IF FOUND THEN
+            RETURN;
+        END IF;
+    END IF;
     UPDATE idempotency.records x
        SET status = 'completed', payload = idem_complete.payload, updated_at = pg_catalog.clock_timestamp(), expires_at = NULL
      WHERE x.key OPERATOR(pg_catalog.=) idem_complete.key AND x.scope OPERATOR(pg_catalog.=) idem_complete.scope
