@@ -156,7 +156,8 @@ def report(rows, meta, path_base):
         "",
         f"`benches/run --serializable{' --edition' if meta['extension'].startswith('SQL edition') else ''}"
         f"{' --rounds ' + str(meta['rounds'])}`, {meta['when']}, PostgreSQL {meta['server']},",
-        f"extension {meta['extension']} (idempotency.so sha256 {meta['extension_so_sha256'][:12]}). {SESSIONS} sessions, {MESSAGES} messages delivered 1 to 4 times each "
+        f"extension {meta['extension']}"
+        f"{'' if meta['extension'].startswith('SQL edition') else ' (idempotency.so sha256 ' + meta['extension_so_sha256'][:12] + ')'}. {SESSIONS} sessions, {MESSAGES} messages delivered 1 to 4 times each "
         f"(about 1,000 deliveries a round), `default_transaction_isolation = 'serializable'`, a 40001 retried at "
         f"once (at most {MAX_TRIES} tries), one business INSERT into a plain table. Ranges over {meta['rounds']} rounds per row.",
         "",
