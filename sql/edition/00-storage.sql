@@ -79,6 +79,8 @@ COMMENT ON TABLE idempotency.sealed IS 'Sealed partitions of idempotency.records
 -- its value is seen at once by every transaction, whatever its snapshot, so a writer that waited for a
 -- seal's lock learns of the seal even under REPEATABLE READ (see idempotency.write_partition).
 CREATE SEQUENCE idempotency.sealed_upto AS bigint MINVALUE 0 START 0 NO CYCLE;
+-- (Called once, so that pg_sequence_last_value reads 0 rather than NULL before the first seal.)
+SELECT FROM pg_catalog.setval('idempotency.sealed_upto', 0, true);
 
 -- The settings a session must not loosen (see idempotency.config()), one row. The database owner (the
 -- edition's owner) changes them with UPDATE idempotency.settings SET ...; a session's SET

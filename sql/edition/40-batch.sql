@@ -43,15 +43,17 @@ CREATE TYPE idempotency.claim_answer AS (key text, outcome text, token bigint, a
 
 CREATE FUNCTION idem_claim_batch(keys text[], ttl interval DEFAULT NULL, scope text DEFAULT 'default')
 RETURNS TABLE (key text, outcome text, token bigint, attempts integer, payload jsonb, expires_at timestamptz)
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     s idempotency.settings := idempotency.config();
     size integer;
     t interval;
-    w record;
+    st idempotency.call_state;
     c record;
     k text;
     answers idempotency.claim_answer[];
+    parts oid[];
+    ctids tid[];
 BEGIN
     PERFORM idempotency.check_writable('idem_claim_batch');
     -- The size first, from the argument as it came: an array passed on in a query (check_keys) is copied.
@@ -62,31 +64,47 @@ BEGIN
     PERFORM idempotency.check_keys(idem_claim_batch.keys, s);
     PERFORM idempotency.check_ident('scope', idem_claim_batch.scope, s.max_key_bytes);
     PERFORM idempotency.authorize('scope', idem_claim_batch.scope, s);
-    t := idempotency.check_ttl(idem_claim_batch.ttl, s);
-    w := idempotency.write_partition();
-    PERFORM idempotency.check_seals_visible('(batch)', idem_claim_batch.scope);
-    -- The keys no sealed partition holds, written at once, in key order.
-    WITH fresh AS (
-        SELECT DISTINCT u.k FROM pg_catalog.unnest(idem_claim_batch.keys) AS u(k)
-         WHERE NOT EXISTS (SELECT FROM idempotency.records x
-                            WHERE x.key OPERATOR(pg_catalog.=) u.k AND x.scope OPERATOR(pg_catalog.=) idem_claim_batch.scope
-                              AND (x.created_at OPERATOR(pg_catalog.<) w.range_from OR x.created_at OPERATOR(pg_catalog.>=) w.range_to))),
-    written AS (
-        INSERT INTO idempotency.records AS x (scope, key, status, token, attempts, created_at, updated_at, expires_at)
-        SELECT idem_claim_batch.scope, f.k, 'pending', pg_catalog.nextval('idempotency.token_seq'), 1,
-               idempotency.created_at(w.range_from, w.range_to), pg_catalog.clock_timestamp(),
-               pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) t
-          FROM fresh f ORDER BY f.k
-        ON CONFLICT DO NOTHING
-        RETURNING x.key, x.token, x.attempts, x.expires_at)
-    SELECT pg_catalog.array_agg(ROW(wr.key, 'claimed', wr.token, wr.attempts, NULL, wr.expires_at)::idempotency.claim_answer)
-      INTO answers FROM written wr;
+    t := idempotency.check_ttl(idem_claim_batch.ttl, s.lease_ttl, s.max_lease_ttl);
+    -- The keys no other partition holds, written at once, in key order; again, after their rows are deleted,
+    -- when a seal moved past the write partition meanwhile (idempotency.sealed_under).
+    LOOP
+        st := idempotency.call_state(NULL, true);
+        IF st.stale_seal THEN
+            PERFORM idempotency.seal_conflict('(batch)', idem_claim_batch.scope);
+        END IF;
+        WITH fresh AS (
+            SELECT DISTINCT u.k FROM pg_catalog.unnest(idem_claim_batch.keys) AS u(k)
+             WHERE NOT ((st.probe_before OR st.probe_ahead) AND EXISTS (SELECT FROM idempotency.records x
+                                WHERE x.key OPERATOR(pg_catalog.=) u.k AND x.scope OPERATOR(pg_catalog.=) idem_claim_batch.scope
+                                  AND (x.created_at OPERATOR(pg_catalog.<) st.w_from
+                                       OR (st.probe_ahead AND x.created_at OPERATOR(pg_catalog.>=) st.w_to))))),
+        written AS (
+            INSERT INTO idempotency.records AS x (scope, key, status, token, attempts, created_at, updated_at, expires_at)
+            SELECT idem_claim_batch.scope, f.k, 'pending', pg_catalog.nextval('idempotency.token_seq'), 1,
+                   idempotency.created_at(st.w_from, st.w_to), pg_catalog.clock_timestamp(),
+                   pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) t
+              FROM fresh f ORDER BY f.k
+            ON CONFLICT DO NOTHING
+            RETURNING x.key, x.token, x.attempts, x.expires_at, x.tableoid, x.ctid)
+        SELECT pg_catalog.array_agg(ROW(wr.key, 'claimed', wr.token, wr.attempts, NULL, wr.expires_at)::idempotency.claim_answer),
+               pg_catalog.array_agg(wr.tableoid), pg_catalog.array_agg(wr.ctid)
+          INTO answers, parts, ctids FROM written wr;
+        EXIT WHEN answers IS NULL
+               OR pg_catalog.pg_sequence_last_value('idempotency.sealed_upto'::pg_catalog.regclass) OPERATOR(pg_catalog.<) st.w_to_us
+               OR NOT idempotency.sealed_under(st, '(batch)', idem_claim_batch.scope);
+        DELETE FROM idempotency.records x USING pg_catalog.unnest(parts, ctids) AS d(part, row_ctid)
+         WHERE x.tableoid OPERATOR(pg_catalog.=) d.part AND x.ctid OPERATOR(pg_catalog.=) d.row_ctid;
+    END LOOP;
     answers := coalesce(answers, '{}');
     -- The others, one by one in key order: what the single claim answers.
     FOR k IN SELECT DISTINCT u.k FROM pg_catalog.unnest(idem_claim_batch.keys) AS u(k)
               WHERE NOT EXISTS (SELECT FROM pg_catalog.unnest(answers) a WHERE a.key OPERATOR(pg_catalog.=) u.k)
               ORDER BY u.k LOOP
-        c := idempotency.claim_one(k, idem_claim_batch.scope, t, NULL, true, s.max_attempts, w.range_from, w.range_to);
+        LOOP
+            c := idempotency.claim_one(k, idem_claim_batch.scope, t, NULL, true, st, false);
+            EXIT WHEN c.outcome OPERATOR(pg_catalog.<>) 'retry';
+            st := idempotency.call_state(NULL, true);
+        END LOOP;
         answers := answers OPERATOR(pg_catalog.||)
                    ROW(k, c.outcome, c.token, c.attempts, c.payload, c.expires_at)::idempotency.claim_answer;
     END LOOP;
@@ -109,7 +127,7 @@ COMMENT ON FUNCTION idem_claim_batch(text[], interval, text) IS
 CREATE FUNCTION idem_complete_batch(keys text[], payloads jsonb[] DEFAULT NULL, scope text DEFAULT 'default',
                                     tokens bigint[] DEFAULT NULL)
 RETURNS integer
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     s idempotency.settings := idempotency.config();
     size integer;
@@ -159,12 +177,14 @@ COMMENT ON FUNCTION idem_complete_batch(text[], jsonb[], text, bigint[]) IS
 'Completes many claimed keys; payloads and tokens, when given, pair with keys by position. All or nothing; returns the number completed.';
 
 CREATE FUNCTION idem_once_batch(keys text[], scope text DEFAULT 'default') RETURNS SETOF text
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     s idempotency.settings := idempotency.config();
     size integer;
-    w record;
+    st idempotency.call_state;
     fresh text[];
+    parts oid[];
+    ctids tid[];
 BEGIN
     PERFORM idempotency.check_writable('idem_once_batch');
     -- The size first, from the argument as it came: an array passed on in a query (check_keys) is copied.
@@ -175,25 +195,37 @@ BEGIN
     PERFORM idempotency.check_keys(idem_once_batch.keys, s);
     PERFORM idempotency.check_ident('scope', idem_once_batch.scope, s.max_key_bytes);
     PERFORM idempotency.authorize('scope', idem_once_batch.scope, s);
-    w := idempotency.write_partition();
-    PERFORM idempotency.check_seals_visible('(batch)', idem_once_batch.scope);
-    WITH written AS (
-        INSERT INTO idempotency.records AS x (scope, key, status, attempts, created_at, updated_at)
-        SELECT idem_once_batch.scope, d.k, 'completed', 1, idempotency.created_at(w.range_from, w.range_to), pg_catalog.now()
-          FROM (SELECT DISTINCT u.k FROM pg_catalog.unnest(idem_once_batch.keys) AS u(k)) d
-         WHERE NOT EXISTS (SELECT FROM idempotency.records o
-                            WHERE o.key OPERATOR(pg_catalog.=) d.k AND o.scope OPERATOR(pg_catalog.=) idem_once_batch.scope
-                              AND (o.created_at OPERATOR(pg_catalog.<) w.range_from OR o.created_at OPERATOR(pg_catalog.>=) w.range_to))
-         ORDER BY d.k
-        ON CONFLICT DO NOTHING
-        RETURNING x.key)
-    SELECT pg_catalog.array_agg(wr.key) INTO fresh FROM written wr;
+    LOOP
+        st := idempotency.call_state(NULL, true);
+        IF st.stale_seal THEN
+            PERFORM idempotency.seal_conflict('(batch)', idem_once_batch.scope);
+        END IF;
+        WITH written AS (
+            INSERT INTO idempotency.records AS x (scope, key, status, attempts, created_at, updated_at)
+            SELECT idem_once_batch.scope, d.k, 'completed', 1, idempotency.created_at(st.w_from, st.w_to), pg_catalog.now()
+              FROM (SELECT DISTINCT u.k FROM pg_catalog.unnest(idem_once_batch.keys) AS u(k)) d
+             WHERE NOT ((st.probe_before OR st.probe_ahead) AND EXISTS (SELECT FROM idempotency.records o
+                                WHERE o.key OPERATOR(pg_catalog.=) d.k AND o.scope OPERATOR(pg_catalog.=) idem_once_batch.scope
+                                  AND (o.created_at OPERATOR(pg_catalog.<) st.w_from
+                                       OR (st.probe_ahead AND o.created_at OPERATOR(pg_catalog.>=) st.w_to))))
+             ORDER BY d.k
+            ON CONFLICT DO NOTHING
+            RETURNING x.key, x.tableoid, x.ctid)
+        SELECT pg_catalog.array_agg(wr.key), pg_catalog.array_agg(wr.tableoid), pg_catalog.array_agg(wr.ctid)
+          INTO fresh, parts, ctids FROM written wr;
+        -- A seal that moved past the write partition meanwhile: the rows deleted, the batch written again.
+        EXIT WHEN fresh IS NULL
+               OR pg_catalog.pg_sequence_last_value('idempotency.sealed_upto'::pg_catalog.regclass) OPERATOR(pg_catalog.<) st.w_to_us
+               OR NOT idempotency.sealed_under(st, '(batch)', idem_once_batch.scope);
+        DELETE FROM idempotency.records x USING pg_catalog.unnest(parts, ctids) AS d(part, row_ctid)
+         WHERE x.tableoid OPERATOR(pg_catalog.=) d.part AND x.ctid OPERATOR(pg_catalog.=) d.row_ctid;
+    END LOOP;
     -- Keys that were there were read, not written: under SERIALIZABLE, read them as a query does (see
     -- idempotency.once_one).
     IF pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'serializable' THEN
         PERFORM FROM idempotency.records x
          WHERE x.scope OPERATOR(pg_catalog.=) idem_once_batch.scope AND x.key OPERATOR(pg_catalog.=) ANY (idem_once_batch.keys)
-           AND x.created_at OPERATOR(pg_catalog.>=) w.range_from AND x.created_at OPERATOR(pg_catalog.<) w.range_to;
+           AND x.created_at OPERATOR(pg_catalog.>=) st.w_from AND x.created_at OPERATOR(pg_catalog.<) st.w_to;
     END IF;
     RETURN QUERY
     SELECT v.k FROM (SELECT u.k, pg_catalog.min(u.i) AS i
