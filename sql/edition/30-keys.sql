@@ -333,9 +333,6 @@ BEGIN
     RETURN NEXT;
 END
 $$;
-GRANT EXECUTE ON FUNCTION idem_claim(text, interval, text, text, boolean) TO idempotency_consumer;
-COMMENT ON FUNCTION idem_claim(text, interval, text, text, boolean) IS
-'Claims (scope, key) for processing. outcome: claimed (you own it; token is your fencing token), completed (payload replays the stored result), in_progress (another holder''s lease is live), failed (terminal; payload is the stored error), mismatch (same key, different fingerprint). ttl NULL = idempotency.lease_ttl.';
 
 -- The row of a key the caller holds, locked: 55006 / 55000 / P0002 as the native extension decides.
 CREATE FUNCTION idempotency.held_row(k text, sc text, given bigint,
@@ -447,9 +444,6 @@ BEGIN
      WHERE x.tableoid OPERATOR(pg_catalog.=) h.part AND x.ctid OPERATOR(pg_catalog.=) h.row_ctid;
 END
 $$;
-GRANT EXECUTE ON FUNCTION idem_complete(text, jsonb, text, bigint) TO idempotency_consumer;
-COMMENT ON FUNCTION idem_complete(text, jsonb, text, bigint) IS
-'Marks a claimed key completed and stores payload for replay. token may be NULL only in the transaction that claimed. Errors: P0002 unknown key, 55000 already terminal, 55006 lease lost.';
 
 CREATE FUNCTION idem_fail(key text, error jsonb DEFAULT NULL, retryable boolean DEFAULT true,
                           scope text DEFAULT 'default', token bigint DEFAULT NULL)
@@ -480,9 +474,6 @@ BEGIN
     RETURN 'failed';
 END
 $$;
-GRANT EXECUTE ON FUNCTION idem_fail(text, jsonb, boolean, text, bigint) TO idempotency_consumer;
-COMMENT ON FUNCTION idem_fail(text, jsonb, boolean, text, bigint) IS
-'Records a failed attempt. retryable: releases the key for another claim and returns released, or returns failed once idempotency.max_attempts is reached. Not retryable: terminal at once, returns failed.';
 
 CREATE FUNCTION idem_heartbeat(key text, ttl interval DEFAULT NULL, scope text DEFAULT 'default', token bigint DEFAULT NULL)
 RETURNS timestamptz
@@ -507,7 +498,4 @@ BEGIN
     RETURN e;
 END
 $$;
-GRANT EXECUTE ON FUNCTION idem_heartbeat(text, interval, text, bigint) TO idempotency_consumer;
-COMMENT ON FUNCTION idem_heartbeat(text, interval, text, bigint) IS
-'Extends the caller''s lease to now + ttl and returns the new expires_at. 55006 if the lease was lost.';
 

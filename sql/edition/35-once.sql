@@ -106,9 +106,6 @@ BEGIN
     RETURN fresh;
 END
 $$;
-GRANT EXECUTE ON FUNCTION idem_once(text, text) TO idempotency_consumer;
-COMMENT ON FUNCTION idem_once(text, text) IS
-'True exactly once per (scope, key) over all committed transactions; records the key as completed in the caller''s transaction.';
 
 CREATE FUNCTION idem_status(key text, scope text DEFAULT 'default')
 RETURNS TABLE (status text, attempts integer, token bigint, payload jsonb, error jsonb,
@@ -125,6 +122,3 @@ BEGIN
                   WHERE x.key OPERATOR(pg_catalog.=) idem_status.key AND x.scope OPERATOR(pg_catalog.=) idem_status.scope;
 END
 $$;
-GRANT EXECUTE ON FUNCTION idem_status(text, text) TO idempotency_consumer;
-COMMENT ON FUNCTION idem_status(text, text) IS
-'The stored record of (scope, key): status, attempts, token, payload, error and timestamps; no row if unknown.';

@@ -120,9 +120,6 @@ BEGIN
      ORDER BY u.i;
 END
 $$;
-GRANT EXECUTE ON FUNCTION idem_claim_batch(text[], interval, text) TO idempotency_consumer;
-COMMENT ON FUNCTION idem_claim_batch(text[], interval, text) IS
-'Claims many keys of one scope in one call (one broker poll); one row per input key, in input order, with the same outcomes as idem_claim. Keys are locked in sorted order.';
 
 CREATE FUNCTION idem_complete_batch(keys text[], payloads jsonb[] DEFAULT NULL, scope text DEFAULT 'default',
                                     tokens bigint[] DEFAULT NULL)
@@ -172,9 +169,6 @@ BEGIN
     RETURN done;
 END
 $$;
-GRANT EXECUTE ON FUNCTION idem_complete_batch(text[], jsonb[], text, bigint[]) TO idempotency_consumer;
-COMMENT ON FUNCTION idem_complete_batch(text[], jsonb[], text, bigint[]) IS
-'Completes many claimed keys; payloads and tokens, when given, pair with keys by position. All or nothing; returns the number completed.';
 
 CREATE FUNCTION idem_once_batch(keys text[], scope text DEFAULT 'default') RETURNS SETOF text
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET plan_cache_mode = force_generic_plan AS $$
@@ -235,6 +229,3 @@ BEGIN
      ORDER BY v.i;
 END
 $$;
-GRANT EXECUTE ON FUNCTION idem_once_batch(text[], text) TO idempotency_consumer;
-COMMENT ON FUNCTION idem_once_batch(text[], text) IS
-'The keys of the batch seen for the first time over all committed transactions, each once, in input order; records them as completed.';
