@@ -166,22 +166,24 @@ $$;
 
 -- Whether a key call may take its common path, which reads the state as the constants of
 -- idempotency.cached_state (folded into each statement's plan, so that a statement reads only the partitions
--- they name): their version (upto) when they match sealed_upto, in a READ COMMITTED, read-write transaction,
--- with no idempotency.* limit set in the session, and (writing) a write partition that covers now; else -1,
--- and the call takes the long way (idempotency.call_state). Inlined into the calls: one expression.
-CREATE FUNCTION idempotency.fast_version(writing boolean) RETURNS bigint
+-- they name): their version (upto) when the call may, else -1 and the call takes the long way
+-- (idempotency.call_state). It may in a READ COMMITTED, read-write transaction whose session set none of the
+-- idempotency.* limits the call reads (lease: lease_ttl and max_lease_ttl; payload: max_payload_bytes;
+-- always max_key_bytes and require_scope_grants); writing: when the constants match sealed_upto and the write
+-- partition covers now. Inlined into the calls, with constant arguments: one expression of the few function
+-- calls the call needs (each costs a key call's transaction about as much as its row lookup).
+CREATE FUNCTION idempotency.fast_version(writing boolean, lease boolean, payload boolean) RETURNS bigint
 LANGUAGE sql AS $$
-    SELECT CASE WHEN (idempotency.cached_state()).upto
-                     OPERATOR(pg_catalog.=) pg_catalog.pg_sequence_last_value('idempotency.sealed_upto'::pg_catalog.regclass)
+    SELECT CASE WHEN (NOT writing
+                      OR (idempotency.cached_state()).upto
+                         OPERATOR(pg_catalog.=) pg_catalog.pg_sequence_last_value('idempotency.sealed_upto'::pg_catalog.regclass))
                  AND pg_catalog.concat(pg_catalog.current_setting('transaction_isolation'),
                                        pg_catalog.current_setting('transaction_read_only'),
-                                       pg_catalog.current_setting('idempotency.lease_ttl', true),
-                                       pg_catalog.current_setting('idempotency.max_lease_ttl', true),
-                                       pg_catalog.current_setting('idempotency.max_attempts', true),
                                        pg_catalog.current_setting('idempotency.max_key_bytes', true),
-                                       pg_catalog.current_setting('idempotency.max_payload_bytes', true),
-                                       pg_catalog.current_setting('idempotency.max_batch_keys', true),
-                                       pg_catalog.current_setting('idempotency.require_scope_grants', true))
+                                       pg_catalog.current_setting('idempotency.require_scope_grants', true),
+                                       CASE WHEN lease THEN pg_catalog.concat(pg_catalog.current_setting('idempotency.lease_ttl', true),
+                                                                              pg_catalog.current_setting('idempotency.max_lease_ttl', true)) END,
+                                       CASE WHEN payload THEN pg_catalog.current_setting('idempotency.max_payload_bytes', true) END)
                      OPERATOR(pg_catalog.=) 'read committedoff'
                  AND (NOT writing OR (idempotency.cached_state()).w_at_seal
                       OR (idempotency.cached_state()).w_from OPERATOR(pg_catalog.<=) pg_catalog.now())

@@ -253,25 +253,27 @@ CREATE FUNCTION idem_claim(key text, ttl interval DEFAULT NULL, scope text DEFAU
 RETURNS TABLE (outcome text, token bigint, attempts integer, payload jsonb, expires_at timestamptz)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    ver bigint := idempotency.fast_version(true);
-    iver bigint;
+    ver bigint := idempotency.fast_version(true, true, false);
+    ok boolean;
     st idempotency.call_state;
     t interval;
-    conflicted boolean := false;
-    elsewhere boolean := false;
+    conflicted boolean;
+    elsewhere boolean;
     remembered text;
     at_ctid tid;
     at_part oid;
     c record;
 BEGIN
-    -- The common case (idempotency.fast_version): arguments within the limits, no record of the key outside
-    -- the write partition, and the new row written there. The state comes from idempotency.cached_state,
-    -- folded into each statement's plan; the version each statement planned with is checked after the write.
+    -- The common case (idempotency.fast_version): arguments within the limits (key and scope not empty and
+    -- without control characters: one pattern over both, joined by one), no record of the key outside the
+    -- write partition, and the new row written there. The state comes from idempotency.cached_state, folded
+    -- into each statement's plan. The write returns what the claim answers, remembers the claim, and says
+    -- whether sealed_upto still matches the constants it planned with and those of the first test.
     IF ver OPERATOR(pg_catalog.>=) 0 AND idem_claim.wait
        AND GREATEST(pg_catalog.octet_length(idem_claim.key), pg_catalog.octet_length(idem_claim.scope),
                     pg_catalog.octet_length(idem_claim.fingerprint)) OPERATOR(pg_catalog.<=) (idempotency.cached_state()).max_key_bytes
-       AND idem_claim.key OPERATOR(pg_catalog.<>) '' AND idem_claim.scope OPERATOR(pg_catalog.<>) ''
-       AND NOT pg_catalog.concat(idem_claim.key, idem_claim.scope) OPERATOR(pg_catalog.~) '[\u0001-\u001f\u007f-\u009f]'
+       AND pg_catalog.concat(idem_claim.key, E'\u0001', idem_claim.scope)
+           OPERATOR(pg_catalog.~) '^[^\u0001-\u001f\u007f-\u009f]+\u0001[^\u0001-\u001f\u007f-\u009f]+$'
        AND (CASE WHEN idem_claim.ttl IS NULL THEN (idempotency.cached_state()).lease_ttl_ok
                  ELSE idem_claim.ttl OPERATOR(pg_catalog.>) '0'::interval
                       AND idem_claim.ttl OPERATOR(pg_catalog.<=) (idempotency.cached_state()).max_lease_ttl END) THEN
@@ -285,7 +287,7 @@ BEGIN
                     OR ((idempotency.cached_state()).probe_ahead AND x.created_at OPERATOR(pg_catalog.>=) (idempotency.cached_state()).w_to));
             elsewhere := FOUND;   -- (a duplicate: claim_one decides)
         END IF;
-        IF NOT elsewhere THEN
+        IF elsewhere IS NOT TRUE THEN
             INSERT INTO idempotency.records AS x (scope, key, status, token, attempts, fingerprint,
                                                   created_at, updated_at, expires_at)
             VALUES (idem_claim.scope, idem_claim.key, 'pending', pg_catalog.nextval('idempotency.token_seq'), 1,
@@ -295,17 +297,18 @@ BEGIN
                     pg_catalog.clock_timestamp(),
                     pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) coalesce(idem_claim.ttl, (idempotency.cached_state()).lease_ttl))
             ON CONFLICT DO NOTHING
-            RETURNING x.token, x.attempts, x.expires_at, x.ctid, x.tableoid, (idempotency.cached_state()).upto
-                 INTO idem_claim.token, idem_claim.attempts, idem_claim.expires_at, at_ctid, at_part, iver;
-            IF NOT FOUND THEN
-                conflicted := true;   -- the key is in the write partition: claim_one reads it
-            ELSIF iver OPERATOR(pg_catalog.=) ver
-                  AND pg_catalog.pg_sequence_last_value('idempotency.sealed_upto'::pg_catalog.regclass) OPERATOR(pg_catalog.=) ver THEN
-                outcome := 'claimed';
-                remembered := idempotency.remember_claim(idem_claim.token, at_ctid, at_part);
+            RETURNING 'claimed', x.token, x.attempts, x.expires_at, x.ctid, x.tableoid,
+                      idempotency.remember_claim(x.token, x.ctid, x.tableoid),
+                      pg_catalog.pg_sequence_last_value('idempotency.sealed_upto'::pg_catalog.regclass)
+                          OPERATOR(pg_catalog.=) (idempotency.cached_state()).upto
+                      AND (idempotency.cached_state()).upto OPERATOR(pg_catalog.=) ver
+                 INTO outcome, idem_claim.token, idem_claim.attempts, idem_claim.expires_at, at_ctid, at_part, remembered, ok;
+            IF ok THEN
                 RETURN NEXT;
                 RETURN;
-            ELSE
+            END IF;
+            conflicted := ok IS NULL;   -- the key is in the write partition: claim_one reads it
+            IF NOT conflicted THEN
                 -- A seal (or another change of the state) while this ran: the row may be where later claims of
                 -- the key do not look. Deleted; claimed again the long way.
                 DELETE FROM idempotency.records x
@@ -324,7 +327,8 @@ BEGIN
     PERFORM idempotency.check_fingerprint(idem_claim.fingerprint, st.max_key_bytes);
     PERFORM idempotency.check_required('wait', idem_claim.wait);
     LOOP
-        c := idempotency.claim_one(idem_claim.key, idem_claim.scope, t, idem_claim.fingerprint, idem_claim.wait, st, conflicted);
+        c := idempotency.claim_one(idem_claim.key, idem_claim.scope, t, idem_claim.fingerprint, idem_claim.wait, st,
+                                   coalesce(conflicted, false));
         EXIT WHEN c.outcome OPERATOR(pg_catalog.<>) 'retry';
         st := idempotency.call_state('idem_claim', true);
         conflicted := false;
@@ -376,19 +380,18 @@ CREATE FUNCTION idem_complete(key text, payload jsonb DEFAULT NULL, scope text D
 RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    m text := pg_catalog.current_setting('idempotency_edition.claimed_row', true);
+    m text;
     st idempotency.call_state;
     h record;
 BEGIN
     -- The common case in one statement: the key's pending row in the write partition, held by the given token
     -- or, without one, by this transaction's last claim (idempotency.remember_claim). The limits and the
     -- write partition as in idem_claim's common case (idempotency.fast_version: READ COMMITTED only).
-    IF idempotency.fast_version(false) OPERATOR(pg_catalog.>=) 0
-       AND (idem_complete.token OPERATOR(pg_catalog.>) 0 OR m OPERATOR(pg_catalog.~) '^[0-9]{1,18} ')
+    IF idempotency.fast_version(false, false, true) OPERATOR(pg_catalog.>=) 0
        AND GREATEST(pg_catalog.octet_length(idem_complete.key), pg_catalog.octet_length(idem_complete.scope))
            OPERATOR(pg_catalog.<=) (idempotency.cached_state()).max_key_bytes
-       AND idem_complete.key OPERATOR(pg_catalog.<>) '' AND idem_complete.scope OPERATOR(pg_catalog.<>) ''
-       AND NOT pg_catalog.concat(idem_complete.key, idem_complete.scope) OPERATOR(pg_catalog.~) '[\u0001-\u001f\u007f-\u009f]'
+       AND pg_catalog.concat(idem_complete.key, E'\u0001', idem_complete.scope)
+           OPERATOR(pg_catalog.~) '^[^\u0001-\u001f\u007f-\u009f]+\u0001[^\u0001-\u001f\u007f-\u009f]+$'
        -- (a payload whose stored size is plainly under the limit passes unmeasured; a compressed one is measured)
        AND (idem_complete.payload IS NULL
             OR (pg_catalog.pg_column_compression(idem_complete.payload) IS NULL
@@ -396,13 +399,15 @@ BEGIN
         IF (idempotency.cached_state()).grants_enforced THEN
             PERFORM idempotency.authorize_enforced('scope', idem_complete.scope);
         END IF;
+        -- (A token that is not positive matches no row; the long way then says why.)
         UPDATE idempotency.records x
            SET status = 'completed', payload = idem_complete.payload, updated_at = pg_catalog.clock_timestamp(), expires_at = NULL
          WHERE x.created_at OPERATOR(pg_catalog.>=) (idempotency.cached_state()).w_from
            AND x.created_at OPERATOR(pg_catalog.<) (idempotency.cached_state()).w_to
            AND x.key OPERATOR(pg_catalog.=) idem_complete.key AND x.scope OPERATOR(pg_catalog.=) idem_complete.scope
            AND x.status OPERATOR(pg_catalog.=) 'pending'
-           AND x.token OPERATOR(pg_catalog.=) coalesce(idem_complete.token, pg_catalog.split_part(m, ' ', 1)::bigint);
+           AND x.token::text OPERATOR(pg_catalog.=) coalesce(idem_complete.token::text,
+               pg_catalog.split_part(pg_catalog.current_setting('idempotency_edition.claimed_row', true), ' ', 1));
         IF FOUND THEN
             RETURN;
         END IF;
@@ -417,6 +422,7 @@ BEGIN
     END IF;
     PERFORM idempotency.check_document('payload', idem_complete.payload, st.max_payload_bytes);
     PERFORM idempotency.check_token(idem_complete.token);
+    m := pg_catalog.current_setting('idempotency_edition.claimed_row', true);
     IF m OPERATOR(pg_catalog.~) '^[0-9]{1,18} \([0-9]{1,9},[0-9]{1,4}\) [0-9]{1,10}$' THEN
         UPDATE idempotency.records x
            SET status = 'completed', payload = idem_complete.payload, updated_at = pg_catalog.clock_timestamp(), expires_at = NULL

@@ -49,8 +49,8 @@ $$;
 CREATE FUNCTION idem_once(key text, scope text DEFAULT 'default') RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    ver bigint := idempotency.fast_version(true);
-    iver bigint;
+    ver bigint := idempotency.fast_version(true, false, false);
+    ok boolean;
     at_ctid tid;
     at_part oid;
     st idempotency.call_state;
@@ -61,8 +61,8 @@ BEGIN
     IF ver OPERATOR(pg_catalog.>=) 0
        AND GREATEST(pg_catalog.octet_length(idem_once.key), pg_catalog.octet_length(idem_once.scope))
            OPERATOR(pg_catalog.<=) (idempotency.cached_state()).max_key_bytes
-       AND idem_once.key OPERATOR(pg_catalog.<>) '' AND idem_once.scope OPERATOR(pg_catalog.<>) ''
-       AND NOT pg_catalog.concat(idem_once.key, idem_once.scope) OPERATOR(pg_catalog.~) '[\u0001-\u001f\u007f-\u009f]' THEN
+       AND pg_catalog.concat(idem_once.key, E'\u0001', idem_once.scope)
+           OPERATOR(pg_catalog.~) '^[^\u0001-\u001f\u007f-\u009f]+\u0001[^\u0001-\u001f\u007f-\u009f]+$' THEN
         IF (idempotency.cached_state()).grants_enforced THEN
             PERFORM idempotency.authorize_enforced('scope', idem_once.scope);
         END IF;
@@ -81,13 +81,15 @@ BEGIN
                       (idempotency.cached_state()).w_to OPERATOR(pg_catalog.-) '1 microsecond'::interval),
                 pg_catalog.now())
         ON CONFLICT DO NOTHING
-        RETURNING x.ctid, x.tableoid, (idempotency.cached_state()).upto INTO at_ctid, at_part, iver;
-        IF NOT FOUND THEN
-            RETURN false;
-        END IF;
-        IF iver OPERATOR(pg_catalog.=) ver
-           AND pg_catalog.pg_sequence_last_value('idempotency.sealed_upto'::pg_catalog.regclass) OPERATOR(pg_catalog.=) ver THEN
+        RETURNING x.ctid, x.tableoid,
+                  pg_catalog.pg_sequence_last_value('idempotency.sealed_upto'::pg_catalog.regclass)
+                      OPERATOR(pg_catalog.=) (idempotency.cached_state()).upto
+                  AND (idempotency.cached_state()).upto OPERATOR(pg_catalog.=) ver
+             INTO at_ctid, at_part, ok;
+        IF ok THEN
             RETURN true;
+        ELSIF ok IS NULL THEN
+            RETURN false;   -- the key was there
         END IF;
         -- A seal (or another change of the state) while this ran: written again the long way.
         DELETE FROM idempotency.records x
