@@ -165,9 +165,8 @@ def request_fingerprint(method: str, target: str, body: bytes) -> str:
 
 def stored_response(status: int, headers: Sequence[Tuple[str, str]], body: bytes, keep: Iterable[str]) -> dict:
     """The JSON document stored for a response: its status, the headers named in ``keep`` (names lowercased, in
-    their order), and the body as text when it is UTF-8 without NUL (jsonb cannot hold one), else base64."""
-    names = {k.lower() for k in keep}
-    doc = {"status": status, "headers": [[n.lower(), v] for n, v in headers if n.lower() in names]}
+    keep's order), and the body as text when it is UTF-8 without NUL (jsonb cannot hold one), else base64."""
+    doc = {"status": status, "headers": [[k.lower(), v] for k in keep for n, v in headers if n.lower() == k.lower()]}
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError:
