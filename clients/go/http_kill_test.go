@@ -123,7 +123,7 @@ func TestHTTPFrozenServerPastItsLeaseIsFencedOff(t *testing.T) {
 	}
 	poll(t, "the first lease to have run out", func() bool { return queryBool(t, "SELECT clock_timestamp() > $1", claimedUntil) })
 	wantProblem(t, post(other.url, "/payments", key, book), 409, "idempotency-key-in-use") // heartbeats extend it
-	s.signal(t, syscall.SIGSTOP)                                                            // no heartbeats: the lease runs out
+	s.signal(t, syscall.SIGSTOP)                                                           // no heartbeats: the lease runs out
 	poll(t, "the frozen server's lease to end", func() bool {
 		return queryBool(t, "SELECT expires_at < clock_timestamp() FROM idem_status($1, 'http')", key)
 	})
