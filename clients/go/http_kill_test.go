@@ -19,22 +19,23 @@ import (
 	"github.com/jackc/pgconn"
 )
 
-// blocked sends a request whose handler blocks until the server dies; its reply comes on the channel.
-func blocked(s *server, path, key string) chan reply {
-	out := make(chan reply, 1)
-	go func() { out <- post(s.url, path, key, book, "X-Test-Block", "1") }()
-	return out
-}
-
-func TestHTTPKillInOneTransactionMode(t *testing.T) {
-	s := httpServer(t, 0)
-	key := newKey(t)
-	pending := blocked(s, "/orders", key)
+// killInHandler sends a request whose handler blocks, waits until the handler runs, kills the server and
+// checks that the request got no answer.
+func killInHandler(t *testing.T, s *server, path, key string) {
+	t.Helper()
+	pending := make(chan reply, 1)
+	go func() { pending <- post(s.url, path, key, book, "X-Test-Block", "1") }()
 	poll(t, "the handler to start", func() bool { return counts(t, key, "http")[0] == 1 })
 	s.kill(t)
 	if r := <-pending; r.err == nil {
 		t.Fatalf("the killed server answered %d", r.status)
 	}
+}
+
+func TestHTTPKillInOneTransactionMode(t *testing.T) {
+	s := httpServer(t, 0)
+	key := newKey(t)
+	killInHandler(t, s, "/orders", key)
 	if c := counts(t, key, "http"); c != [2]int{1, 0} || queryInt(t, "SELECT count(*) FROM idem_status($1, 'http')", key) != 0 {
 		t.Fatalf("after the kill: runs, rows = %v, or the key is left", c)
 	}
@@ -54,12 +55,7 @@ func TestHTTPKillInOneTransactionMode(t *testing.T) {
 func TestHTTPKillInTwoTransactionMode(t *testing.T) {
 	s, other := httpServer(t, 0), httpServer(t, 1)
 	key := newKey(t)
-	pending := blocked(s, "/payments", key)
-	poll(t, "the handler to start", func() bool { return counts(t, key, "http")[0] == 1 })
-	s.kill(t)
-	if r := <-pending; r.err == nil {
-		t.Fatalf("the killed server answered %d", r.status)
-	}
+	killInHandler(t, s, "/payments", key)
 	var oldToken int64
 	var ends time.Time
 	if err := pool.QueryRow(context.Background(), `SELECT token, expires_at FROM idem_status($1, 'http') WHERE status = 'pending'`,

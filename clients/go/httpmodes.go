@@ -87,6 +87,24 @@ func replay(w http.ResponseWriter, payload json.RawMessage) error {
 	return nil
 }
 
+// claimed reports whether the claim gave the key; otherwise it answered: the stored response (completed),
+// a problem (in_progress, mismatch, failed), or a bare 500 (a database error).
+func (h *HTTP) claimed(w http.ResponseWriter, r *http.Request, claim Claim, err error) bool {
+	switch {
+	case err != nil:
+		h.fail(w, r, err)
+	case claim.Outcome == Completed:
+		if err := replay(w, claim.Payload); err != nil {
+			h.fail(w, r, err)
+		}
+	case claim.Outcome != Claimed:
+		h.refused(w, claim)
+	default:
+		return true
+	}
+	return false
+}
+
 // plain: a request without a key, in a transaction of its own.
 func (h *HTTP) plain(w http.ResponseWriter, r *http.Request, next http.Handler, info *HTTPRequest) {
 	ctx := r.Context()
@@ -119,17 +137,7 @@ func (h *HTTP) oneTransaction(w http.ResponseWriter, r *http.Request, next http.
 	}
 	defer func() { _ = tx.Rollback(context.Background()) }() // after a commit: nothing
 	claim, err := ClaimKey(ctx, tx, info.Key, ClaimOptions{Scope: info.Scope, Fingerprint: info.Fingerprint, NoWait: !h.Wait})
-	switch {
-	case err != nil:
-		h.fail(w, r, err)
-		return
-	case claim.Outcome == Completed:
-		if err := replay(w, claim.Payload); err != nil {
-			h.fail(w, r, err)
-		}
-		return
-	case claim.Outcome != Claimed:
-		h.refused(w, claim)
+	if !h.claimed(w, r, claim, err) {
 		return
 	}
 	info.Tx = tx
@@ -163,17 +171,7 @@ func (h *HTTP) twoTransactions(w http.ResponseWriter, r *http.Request, next http
 	}
 	claim, err := ClaimKey(ctx, h.DB, info.Key, ClaimOptions{Scope: info.Scope, TTL: ttl,
 		Fingerprint: info.Fingerprint, NoWait: !h.Wait}) // commits by itself
-	switch {
-	case err != nil:
-		h.fail(w, r, err)
-		return
-	case claim.Outcome == Completed:
-		if err := replay(w, claim.Payload); err != nil {
-			h.fail(w, r, err)
-		}
-		return
-	case claim.Outcome != Claimed:
-		h.refused(w, claim)
+	if !h.claimed(w, r, claim, err) {
 		return
 	}
 	lease := claim.Lease()

@@ -118,22 +118,22 @@ func poll(t *testing.T, what string, ok func() bool) {
 	}
 }
 
-func queryInt(t *testing.T, sql string, args ...interface{}) int {
+// queryOne is the one value of a one-row, one-column query.
+func queryOne[T any](t *testing.T, sql string, args ...interface{}) T {
 	t.Helper()
-	var n int
-	if err := pool.QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
+	var v T
+	if err := pool.QueryRow(context.Background(), sql, args...).Scan(&v); err != nil {
 		t.Fatal(err)
 	}
-	return n
+	return v
+}
+
+func queryInt(t *testing.T, sql string, args ...interface{}) int {
+	return queryOne[int](t, sql, args...)
 }
 
 func queryBool(t *testing.T, sql string, args ...interface{}) bool {
-	t.Helper()
-	var b bool
-	if err := pool.QueryRow(context.Background(), sql, args...).Scan(&b); err != nil {
-		t.Fatal(err)
-	}
-	return b
+	return queryOne[bool](t, sql, args...)
 }
 
 // counts: (handler runs, business rows) of a key in a scope.

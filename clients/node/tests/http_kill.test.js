@@ -24,12 +24,18 @@ after(async () => {
 const book = { item: "book" };
 const lit = async (sql, args) => (await pool.query(sql, args)).rows[0].b;
 
-test("kill -9 in one-transaction mode: after the restart a retry runs the handler once", async () => {
-  const key = newKey("kill1");
-  const pending = post(server.url, "/orders", key, book, { "x-test-block": "1" });
+/** Sends a request whose handler blocks, waits until the handler runs, kills the server, and checks that the
+ *  request got no answer. */
+async function killInHandler(path, key) {
+  const pending = post(server.url, path, key, book, { "x-test-block": "1" });
   await poll("the handler to start", async () => (await counts(pool, key))[0] === 1);
   await server.kill();
   assert.ok((await pending).error, "the killed server answered");
+}
+
+test("kill -9 in one-transaction mode: after the restart a retry runs the handler once", async () => {
+  const key = newKey("kill1");
+  await killInHandler("/orders", key);
   assert.deepEqual(await counts(pool, key), [1, 0]);
   assert.equal(await record(pool, key), null); // the claim went with the transaction
   await server.start();
@@ -44,10 +50,7 @@ test("kill -9 in one-transaction mode: after the restart a retry runs the handle
 
 test("kill -9 in two-transaction mode: 409 until the lease ends, then a new token; the old one is refused", async () => {
   const key = newKey("kill2");
-  const pending = post(server.url, "/payments", key, book, { "x-test-block": "1" });
-  await poll("the handler to start", async () => (await counts(pool, key))[0] === 1);
-  await server.kill();
-  assert.ok((await pending).error, "the killed server answered");
+  await killInHandler("/payments", key);
   const lease = await record(pool, key);
   assert.equal(lease.status, "pending");
   const oldToken = lease.token, ends = lease.expires_at;

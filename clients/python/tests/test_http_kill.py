@@ -14,8 +14,9 @@ from http_server import counts, new_key, poll, record, sf
 from test_http import assert_problem
 
 
-def blocked_request(server, path, key):
-    """Sends a request whose handler blocks until the server dies, on a thread; returns (thread, outcome)."""
+def kill_in_handler(server, db, path, key):
+    """Sends a request whose handler blocks (on a thread), waits until the handler runs, kills the server, and
+    checks that the request got no answer."""
     outcome = {}
 
     def run():
@@ -27,7 +28,10 @@ def blocked_request(server, path, key):
 
     t = threading.Thread(target=run)
     t.start()
-    return t, outcome
+    poll("the handler to start", lambda: counts(db, key)[0] == 1)
+    server.kill(db)
+    t.join()
+    assert "error" in outcome, outcome  # the client saw the connection die, no answer
 
 
 def report(capsys, mode, **n):
@@ -37,12 +41,7 @@ def report(capsys, mode, **n):
 
 def test_kill_in_one_transaction_mode_then_a_retry_runs_the_handler_once(server, db, capsys):
     key = new_key("kill1")
-    t, outcome = blocked_request(server, "/orders", key)
-    poll("the handler to start", lambda: counts(db, key)[0] == 1)
-    assert db.execute("SELECT count(*) FROM http_orders WHERE idem_key = %s", (key,)).fetchone()[0] == 0  # uncommitted
-    server.kill(db)
-    t.join()
-    assert "error" in outcome  # the client saw the connection die, no answer
+    kill_in_handler(server, db, "/orders", key)
     assert record(db, key) is None and counts(db, key) == (1, 0)  # the claim went with the transaction
     server.start()
     first = httpx.post(server.url + "/orders", json={"item": "book"}, headers={"Idempotency-Key": sf(key)}, timeout=30)
@@ -60,11 +59,7 @@ def pay(srv, key):
 
 def test_kill_in_two_transaction_mode_409_until_the_lease_ends_then_a_new_token(server, other, db, capsys):
     key = new_key("kill2")
-    t, outcome = blocked_request(server, "/payments", key)
-    poll("the handler to start", lambda: counts(db, key)[0] == 1)
-    server.kill(db)
-    t.join()
-    assert "error" in outcome
+    kill_in_handler(server, db, "/payments", key)
     lease = record(db, key)
     old_token, ends = lease["token"], lease["expires_at"]
     assert lease["status"] == "pending" and old_token is not None and counts(db, key) == (1, 0)
