@@ -32,7 +32,8 @@ type server struct {
 
 var servers [2]*server
 
-// httpServer is the i-th server (0 or 1), started at its first use and stopped by TestMain.
+// httpServer is the i-th server (0 or 1), started at its first use (or again, after a test that killed it
+// could not restart it) and stopped by TestMain.
 func httpServer(t *testing.T, i int) *server {
 	t.Helper()
 	if servers[i] == nil {
@@ -42,6 +43,8 @@ func httpServer(t *testing.T, i int) *server {
 		}
 		servers[i] = &server{port: base + i, url: fmt.Sprintf("http://127.0.0.1:%d", base+i),
 			log: fmt.Sprintf("%s/idem-go-http-%d.log", os.TempDir(), base+i)}
+	}
+	if servers[i].cmd == nil {
 		servers[i].start(t)
 	}
 	return servers[i]
@@ -60,7 +63,11 @@ func (s *server) start(t *testing.T) {
 	t.Helper()
 	s.starts++
 	s.appName = fmt.Sprintf("idem-http-%d-%d-%d", s.port, os.Getpid(), s.starts)
-	log, err := os.OpenFile(s.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	flags := os.O_CREATE | os.O_WRONLY | os.O_APPEND
+	if s.starts == 1 {
+		flags |= os.O_TRUNC // this run's log only
+	}
+	log, err := os.OpenFile(s.log, flags, 0o644)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,8 +84,9 @@ func (s *server) start(t *testing.T) {
 	poll(t, "the HTTP server to answer", func() bool {
 		select {
 		case <-exited:
+			s.cmd = nil
 			out, _ := os.ReadFile(s.log)
-			t.Fatalf("the server exited: %s", out)
+			t.Fatalf("the server on port %d exited: %s", s.port, out)
 		default:
 		}
 		resp, err := http.Get(s.url + "/_test/health")
