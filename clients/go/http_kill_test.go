@@ -150,7 +150,11 @@ func TestHTTPStaleCompletionIsRefused(t *testing.T) {
 		t.Fatalf("takeover: %d %s", taken.status, taken.body)
 	}
 	post(s.url, "/_test/gates/"+key, "", nil)
-	wantProblem(t, <-first, 409, "idempotency-lease-lost") // idem_complete with the old token: 55006
+	stale := <-first
+	wantProblem(t, stale, 409, "idempotency-lease-lost") // idem_complete with the old token: 55006
+	if stale.header.Get("Location") != "" {
+		t.Fatal("the refused response leaked the handler's headers")
+	}
 	if c := counts(t, key, "http"); c != [2]int{2, 1} {
 		t.Fatalf("runs, rows = %v", c)
 	}

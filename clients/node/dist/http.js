@@ -152,7 +152,7 @@ async function twoTransactions(opts, info, req, res, next) {
         const { lost } = await beats.stop();
         if (lost) {
             await rollback();
-            return how === "ended" ? (cap.restore(), answer(res, opts, "idempotency-lease-lost", undefined, 1)) : undefined;
+            return how === "ended" ? (cap.discard(), answer(res, opts, "idempotency-lease-lost", undefined, 1)) : undefined;
         }
         if (how === "closed" || res.statusCode >= 500) {
             await rollback();
@@ -168,7 +168,7 @@ async function twoTransactions(opts, info, req, res, next) {
         catch (err) {
             await rollback();
             if (err instanceof LeaseLostError)
-                return (cap.restore(), answer(res, opts, "idempotency-lease-lost", undefined, 1));
+                return (cap.discard(), answer(res, opts, "idempotency-lease-lost", undefined, 1));
             await release({ error: "complete", message: err.message });
             opts.onError?.(err, req);
             return cap.fail();

@@ -13,6 +13,8 @@ export interface Captured {
     restore(): void;
     /** sends the kept response */
     flush(): void;
+    /** forgets the kept response, the headers the handler set included (before an answer of the middleware's) */
+    discard(): void;
     /** sends a bare 500 instead of the kept response */
     fail(): void;
 }

@@ -113,10 +113,13 @@ export function captureResponse(res) {
             restore();
             res.end(Buffer.concat(chunks), endCallback);
         },
-        fail() {
+        discard() {
             restore();
             for (const name of res.getHeaderNames())
                 res.removeHeader(name);
+        },
+        fail() {
+            this.discard();
             send(res, 500, [["content-type", "text/plain; charset=utf-8"]], Buffer.from("Internal Server Error"));
         },
     };

@@ -217,7 +217,7 @@ async function twoTransactions(opts: HttpOptions, info: HttpIdempotency, req: In
     const { lost } = await beats.stop();
     if (lost) {
       await rollback();
-      return how === "ended" ? (cap.restore(), answer(res, opts, "idempotency-lease-lost", undefined, 1)) : undefined;
+      return how === "ended" ? (cap.discard(), answer(res, opts, "idempotency-lease-lost", undefined, 1)) : undefined;
     }
     if (how === "closed" || res.statusCode >= 500) {
       await rollback();
@@ -230,7 +230,7 @@ async function twoTransactions(opts: HttpOptions, info: HttpIdempotency, req: In
       await client.query("COMMIT");
     } catch (err) {
       await rollback();
-      if (err instanceof LeaseLostError) return (cap.restore(), answer(res, opts, "idempotency-lease-lost", undefined, 1));
+      if (err instanceof LeaseLostError) return (cap.discard(), answer(res, opts, "idempotency-lease-lost", undefined, 1));
       await release({ error: "complete", message: (err as Error).message });
       opts.onError?.(err, req);
       return cap.fail();

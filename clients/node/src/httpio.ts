@@ -55,6 +55,8 @@ export interface Captured {
   restore(): void;
   /** sends the kept response */
   flush(): void;
+  /** forgets the kept response, the headers the handler set included (before an answer of the middleware's) */
+  discard(): void;
   /** sends a bare 500 instead of the kept response */
   fail(): void;
 }
@@ -116,9 +118,12 @@ export function captureResponse(res: ServerResponse): Captured {
       restore();
       res.end(Buffer.concat(chunks), endCallback as (() => void) | undefined);
     },
-    fail() {
+    discard() {
       restore();
       for (const name of res.getHeaderNames()) res.removeHeader(name);
+    },
+    fail() {
+      this.discard();
       send(res, 500, [["content-type", "text/plain; charset=utf-8"]], Buffer.from("Internal Server Error"));
     },
   };

@@ -106,7 +106,9 @@ test("a frozen server past its lease is fenced off", async () => {
   }
   assert.equal(taken.status, 201, taken.body);
   await post(server.url, `/_test/gates/${key}`, null, {});
-  assertProblem(await first, 409, "idempotency-lease-lost");
+  const stale = await first;
+  assertProblem(stale, 409, "idempotency-lease-lost");
+  assert.equal(stale.headers.get("location"), null); // nothing of the handler's response
   assert.deepEqual(await counts(pool, key), [2, 1]); // the frozen run's row went with its refused completion
   assertReplay(await post(server.url, "/payments", key, book), taken);
 });
@@ -119,6 +121,8 @@ test("a completion whose lease was taken over is refused (no heartbeats)", async
   const taken = await post(server.url, "/payments-unbeaten", key, book);
   assert.equal(taken.status, 201, taken.body);
   await post(server.url, `/_test/gates/${key}`, null, {});
-  assertProblem(await first, 409, "idempotency-lease-lost"); // idem_complete with the old token: 55006
+  const stale = await first;
+  assertProblem(stale, 409, "idempotency-lease-lost"); // idem_complete with the old token: 55006
+  assert.equal(stale.headers.get("location"), null);
   assert.deepEqual(await counts(pool, key), [2, 1]);
 });

@@ -125,6 +125,7 @@ def test_frozen_server_past_its_lease_is_fenced_off(server, other, db):
     httpx.post(server.url + f"/_test/gates/{key}", timeout=30)
     t.join()
     assert_problem(outcome["response"], 409, "idempotency-lease-lost")
+    assert "location" not in outcome["response"].headers  # nothing of the handler's response
     assert counts(db, key) == (2, 1)  # the frozen run's business row went with its refused completion
     again = pay(server, key)
     assert again.headers["idempotent-replayed"] == "true" and again.content == taken.content
