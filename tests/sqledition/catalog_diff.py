@@ -3,12 +3,14 @@ install's schema hold (functions with their definitions, owners, ACLs, comments 
 tables, views, sequences and composite types with their columns, indexes, constraints and triggers; other
 types), as tests/upgrade/catalog.py describes them.
 
-    .venv/bin/python tests/sqledition/catalog_diff.py CONNINFO_A CONNINFO_B [--schema public]
+    .venv/bin/python tests/sqledition/catalog_diff.py CONNINFO_A CONNINFO_B [--schema public | --extension]
 
 Prints a unified diff and exits 1 when they differ, else prints that they are identical. What an install
 cannot share with another is left out of the comparison: the body of idempotency.cached_state(), which is
 data (idempotency.write_call_cache writes the state of that database's partitions, seals and settings into
-it); the rest of its definition is compared.
+it); the rest of its definition is compared. With --extension (the pg_tle edition), the members of the
+extension idempotency are described instead (tests/upgrade/catalog.py's describe: its version, what it holds,
+and what its schemas hold that is no member).
 """
 import argparse
 import difflib
@@ -22,9 +24,12 @@ import psycopg  # noqa: E402
 STATE = "function idempotency.cached_state() | def: "
 
 
-def lines(conninfo, schema):
+def lines(conninfo, schema, extension=False):
     with psycopg.connect(conninfo, autocommit=True) as conn:
-        out = catalog.describe_schemas(conn, ["idempotency", schema], own=["idempotency"])
+        if extension:
+            out = catalog.describe(conn)
+        else:
+            out = catalog.describe_schemas(conn, ["idempotency", schema], own=["idempotency"])
     # cached_state()'s body (from "AS $function$" to the closing "$function$") is the database's state.
     kept, body = [], False
     for line in out:
@@ -43,8 +48,9 @@ def main():
     ap.add_argument("a")
     ap.add_argument("b")
     ap.add_argument("--schema", default="public", help="the schema the edition installed into (public)")
+    ap.add_argument("--extension", action="store_true", help="the extension idempotency's members (pg_tle)")
     args = ap.parse_args()
-    a, b = lines(args.a, args.schema), lines(args.b, args.schema)
+    a, b = lines(args.a, args.schema, args.extension), lines(args.b, args.schema, args.extension)
     if a == b:
         print(f"identical catalogs ({len(a)} lines)")
         return 0
