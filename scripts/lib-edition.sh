@@ -108,8 +108,8 @@ resolve_entry() {
 
 # expand_includes SCRIPT TO: the upgrade SCRIPT (to version TO) on stdout, each line `--@include ENTRY`
 # followed by what the entry resolves to (resolve_entry, CODE_ONLY=1; the copies also appended to the array
-# `included`, for check_source). Only the script to the sources'
-# version may include: the sources hold that version's definitions, not an older one's.
+# `included`, for check_source). Only the script to the sources' version may include: the sources hold that
+# version's definitions, not an older one's.
 expand_includes() {
   local script="$1" to="$2" line n=0 f
   local -a resolved
