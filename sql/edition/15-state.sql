@@ -109,6 +109,9 @@ BEGIN
     RETURN NULL;
 END
 $$;
+
+-- The tables the state comes from (partition_ranges: 20-partitions.sql). A paragraph apart from the function:
+-- an upgrade script includes functions (scripts/sql-edition's --@include) and makes triggers itself.
 CREATE TRIGGER call_cache AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON idempotency.settings
     FOR EACH STATEMENT EXECUTE FUNCTION idempotency.refresh_call_cache();
 CREATE TRIGGER call_cache AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON idempotency.scope_grants
