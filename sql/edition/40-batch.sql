@@ -102,7 +102,7 @@ BEGIN
                 OR pg_catalog.pg_sequence_last_value('idempotency.sealed_upto'::pg_catalog.regclass) OPERATOR(pg_catalog.<>) iver) THEN
             PERFORM idempotency.seal_conflict('(batch)', idem_claim_batch.scope)
               WHERE pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed';
-            DELETE FROM idempotency.records x USING pg_catalog.unnest(parts, ctids) AS d(part, row_ctid)
+            DELETE FROM idempotency.records x USING ROWS FROM (pg_catalog.unnest(parts), pg_catalog.unnest(ctids)) AS d(part, row_ctid)
              WHERE x.tableoid OPERATOR(pg_catalog.=) d.part AND x.ctid OPERATOR(pg_catalog.=) d.row_ctid;
             answers := NULL; tokens := NULL;
             st := idempotency.call_state(NULL, true);
@@ -147,7 +147,8 @@ $$;
 CREATE FUNCTION idem_complete_batch(keys text[], payloads jsonb[] DEFAULT NULL, scope text DEFAULT 'default',
                                     tokens bigint[] DEFAULT NULL)
 RETURNS integer
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET plan_cache_mode = force_generic_plan AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET plan_cache_mode = force_generic_plan
+SET enable_nestloop = off AS $$
 DECLARE
     s idempotency.settings := idempotency.config();
     size integer;
@@ -156,6 +157,7 @@ DECLARE
     h record;
     done integer;
     done_keys text[];
+    claimed text[];
 BEGIN
     PERFORM idempotency.check_writable('idem_complete_batch');
     -- The size first, from the argument as it came: an array passed on in a query (check_keys) is copied.
@@ -192,6 +194,9 @@ BEGIN
     -- The keys held in the write partition in one statement: by the given token, or, without one, by a claim
     -- of this transaction (the tokens idem_claim_batch and idem_claim remember). The others key by key, in
     -- key order: held_row finds them, or says why not.
+    claimed := pg_catalog.string_to_array(pg_catalog.concat_ws(',',
+                   pg_catalog.current_setting('idempotency_edition.claimed_batch', true),
+                   pg_catalog.split_part(pg_catalog.current_setting('idempotency_edition.claimed_row', true), ' ', 1)), ',');
     WITH updated AS (
         UPDATE idempotency.records x
            SET status = 'completed', payload = idem_complete_batch.payloads[v.i], updated_at = pg_catalog.clock_timestamp(),
@@ -200,17 +205,18 @@ BEGIN
          WHERE x.created_at OPERATOR(pg_catalog.>=) (idempotency.cached_state()).w_from
            AND x.created_at OPERATOR(pg_catalog.<) (idempotency.cached_state()).w_to
            AND x.key OPERATOR(pg_catalog.=) v.k AND x.scope OPERATOR(pg_catalog.=) idem_complete_batch.scope
+           -- (the keys again, as an index condition: the plan looks each one up whatever the statistics say, and
+           -- joins them to their positions by hashing, enable_nestloop being off: time linear in the batch)
+           AND x.key OPERATOR(pg_catalog.=) ANY (idem_complete_batch.keys)
            AND x.status OPERATOR(pg_catalog.=) 'pending'
-           AND x.token::text OPERATOR(pg_catalog.=) ANY (
-               CASE WHEN idem_complete_batch.tokens[v.i] IS NOT NULL THEN ARRAY[idem_complete_batch.tokens[v.i]::text]
-                    ELSE pg_catalog.string_to_array(pg_catalog.concat_ws(',',
-                             pg_catalog.current_setting('idempotency_edition.claimed_batch', true),
-                             pg_catalog.split_part(pg_catalog.current_setting('idempotency_edition.claimed_row', true), ' ', 1)), ',') END)
+           AND CASE WHEN idem_complete_batch.tokens[v.i] IS NOT NULL THEN x.token OPERATOR(pg_catalog.=) idem_complete_batch.tokens[v.i]
+                    -- (a hashed subplan, built once: linear in the batch)
+                    ELSE x.token::text IN (SELECT c.t FROM pg_catalog.unnest(claimed) AS c(t)) END
         RETURNING x.key)
     SELECT pg_catalog.count(*)::integer, pg_catalog.array_agg(u.key) INTO done, done_keys FROM updated u;
     IF done OPERATOR(pg_catalog.<) n THEN
         FOR one IN SELECT v.k, v.i FROM pg_catalog.unnest(idem_complete_batch.keys) WITH ORDINALITY AS v(k, i)
-                    WHERE NOT v.k OPERATOR(pg_catalog.=) ANY (coalesce(done_keys, '{}')) ORDER BY v.k LOOP
+                    WHERE v.k NOT IN (SELECT d.k FROM pg_catalog.unnest(done_keys) AS d(k)) ORDER BY v.k LOOP
             h := idempotency.held_row(one.k, idem_complete_batch.scope, tokens[one.i]);
             UPDATE idempotency.records x
                SET status = 'completed', payload = payloads[one.i], updated_at = pg_catalog.clock_timestamp(), expires_at = NULL
@@ -278,7 +284,7 @@ BEGIN
         ELSE
             PERFORM idempotency.seal_conflict('(batch)', idem_once_batch.scope)
               WHERE pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed';
-            DELETE FROM idempotency.records x USING pg_catalog.unnest(parts, ctids) AS d(part, row_ctid)
+            DELETE FROM idempotency.records x USING ROWS FROM (pg_catalog.unnest(parts), pg_catalog.unnest(ctids)) AS d(part, row_ctid)
              WHERE x.tableoid OPERATOR(pg_catalog.=) d.part AND x.ctid OPERATOR(pg_catalog.=) d.row_ctid;
             fresh := NULL;
             st := idempotency.call_state(NULL, true);
