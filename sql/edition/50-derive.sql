@@ -30,8 +30,9 @@
 -- called from PL/pgSQL is planned again at every call (measured: 1 ms a number that way, 4 us this way).
 --
 -- Linear in the input: the work grows with the size of the arguments, never with its square (tested in
--- tests/torture/suite_badinput_size.py; benches/input-size measures it). idem_key writes its name with one
--- string_agg over the parts: adding each part to a bytea copies the name so far (100,000 parts took 16 s).
+-- tests/torture/badinput_size.py; benches/input-size measures it). idem_key writes its name by appending
+-- each part's piece to an array in place (up to 32 parts), or by one string_agg over the parts: adding each
+-- part to a bytea copies the name so far (100,000 parts took 16 s).
 -- idem_fingerprint looks each distinct path up once: a walk, level by level, over the distinct prefixes of
 -- the paths finds the values they reach (an object's member by its key, an array's element by its index),
 -- each value on the way looked at once however many paths pass through it; then #> fetches each path's value
