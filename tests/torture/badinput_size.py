@@ -8,7 +8,7 @@ not count the time other processes of a busy machine take from the backend. The 
 of a size stands for it.
 
 The bound, stated once: t(10n) <= 30 t(n) and t(100n) <= 300 t(n), three times linear. Linear work, a
-sort's log factor and caches pass (measured, both editions: 3x to 12x at 10n, 30x to 120x at 100n); work
+sort's log factor and caches pass (measured, both editions: 3x to 12x at 10n, 29x to 118x at 100n); work
 that grows with the square of the input (100x and 10,000x) fails, at 100n by a factor of 33. A call that takes longer than
 four times its bound (wall clock, at least 10 s) is cancelled and fails; after a call over twice its bound
 (or a cancelled one) that size is not called again and the larger sizes are not run.
