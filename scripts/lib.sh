@@ -56,6 +56,17 @@ cargo_features() {
 # crate_version: the version in Cargo.toml, which is the extension's version (default_version).
 crate_version() { sed -n 's/^version *= *"\(.*\)"/\1/p' "$ROOT/Cargo.toml" | head -1; }
 
+# fetch_commit SHA: succeeds when this clone has the commit SHA, fetched from origin when it did not (a shallow
+# CI clone); the builds of released versions (tests/upgrade/build-old, tests/sqledition) start from it.
+fetch_commit() {
+  git -C "$ROOT" cat-file -e "$1^{commit}" 2>/dev/null && return 0
+  log "fetching commit $1"
+  git -C "$ROOT" fetch --quiet origin "$1" 2>/dev/null \
+    || git -C "$ROOT" fetch --quiet --unshallow origin 2>/dev/null \
+    || git -C "$ROOT" fetch --quiet origin 2>/dev/null || true
+  git -C "$ROOT" cat-file -e "$1^{commit}" 2>/dev/null
+}
+
 # What the build and the demo need from Debian (scripts/install-deps demo), what the tests need on top
 # (scripts/install-deps test; scripts/test checks them), and what only the benchmarks need.
 DEMO_DEB_PACKAGES=(postgresql-15 postgresql-server-dev-15 libclang-dev clang pkg-config sudo python3-venv)

@@ -127,41 +127,45 @@ SELECT 'function ' || p.oid::regprocedure::text
 ORDER BY 1"""
 
 
+def _describe_object(conn, roles, cls, objid):
+    """The lines describing one object (cls: its catalog, as pg_depend.classid::regclass names it)."""
+    lines = []
+    if cls == "pg_proc":
+        kind, definition, owner, acl, comment, execute = conn.execute(FUNCTION, (roles, objid)).fetchone()
+        lines += [f"kind: {kind}", *(f"def: {line}" for line in definition.rstrip("\n").splitlines()),
+                  f"owner: {owner}", f"acl: {acl}", f"comment: {comment}", f"execute: {execute or '(nobody)'}"]
+    elif cls == "pg_class":
+        (kind, persistence, owner, options, acl, comment, rls, force_rls, partkey, viewdef,
+         seq) = conn.execute(RELATION, (objid,)).fetchone()
+        lines += [f"relkind: {kind}", f"persistence: {persistence}", f"owner: {owner}", f"reloptions: {options}",
+                  f"acl: {acl}", f"comment: {comment}", f"row security: {rls} force {force_rls}"]
+        if partkey:
+            lines.append(f"partition key: {partkey}")
+        if viewdef is not None:
+            lines += [f"view: {line}" for line in viewdef.splitlines()]
+        if seq:
+            lines.append(f"sequence: {seq}")
+        for (pos, name, typ, coll, notnull, default, ident, gen, ccomment,
+             cacl) in conn.execute(COLUMNS, (objid,)).fetchall():
+            lines.append(f"column {pos}: {name} {typ} collate {coll} notnull={notnull} default={default} "
+                         f"identity={ident!r} generated={gen!r} comment={ccomment} acl={cacl}")
+        for query, label in ((INDEXES, "index"), (CONSTRAINTS, "constraint"), (TRIGGERS, "trigger"),
+                             (POLICIES, "policy")):
+            lines += [f"{label}: {r[0]}" for r in conn.execute(query, (objid,)).fetchall()]
+    elif cls == "pg_namespace":
+        owner, acl, comment = conn.execute(NAMESPACE, (objid,)).fetchone()
+        lines += [f"owner: {owner}", f"acl: {acl}", f"comment: {comment}"]
+    else:
+        comment = conn.execute("SELECT obj_description(%s, %s)", (objid, cls)).fetchone()[0]
+        lines.append(f"comment: {comment or '(none)'}")
+    return lines
+
+
 def describe(conn, ext="idempotency"):
     """The canonical description of extension `ext` in the database of `conn`, as a list of lines."""
     roles = [r[0] for r in conn.execute(ROLES).fetchall()]
-    objects = []
-    for cls, objid, objsubid, descr in conn.execute(MEMBERS, (ext,)).fetchall():
-        lines = []
-        if cls == "pg_proc":
-            kind, definition, owner, acl, comment, execute = conn.execute(FUNCTION, (roles, objid)).fetchone()
-            lines += [f"kind: {kind}", *(f"def: {line}" for line in definition.rstrip("\n").splitlines()),
-                      f"owner: {owner}", f"acl: {acl}", f"comment: {comment}", f"execute: {execute or '(nobody)'}"]
-        elif cls == "pg_class":
-            (kind, persistence, owner, options, acl, comment, rls, force_rls, partkey, viewdef,
-             seq) = conn.execute(RELATION, (objid,)).fetchone()
-            lines += [f"relkind: {kind}", f"persistence: {persistence}", f"owner: {owner}", f"reloptions: {options}",
-                      f"acl: {acl}", f"comment: {comment}", f"row security: {rls} force {force_rls}"]
-            if partkey:
-                lines.append(f"partition key: {partkey}")
-            if viewdef is not None:
-                lines += [f"view: {line}" for line in viewdef.splitlines()]
-            if seq:
-                lines.append(f"sequence: {seq}")
-            for (pos, name, typ, coll, notnull, default, ident, gen, ccomment,
-                 cacl) in conn.execute(COLUMNS, (objid,)).fetchall():
-                lines.append(f"column {pos}: {name} {typ} collate {coll} notnull={notnull} default={default} "
-                             f"identity={ident!r} generated={gen!r} comment={ccomment} acl={cacl}")
-            for query, label in ((INDEXES, "index"), (CONSTRAINTS, "constraint"), (TRIGGERS, "trigger"),
-                                 (POLICIES, "policy")):
-                lines += [f"{label}: {r[0]}" for r in conn.execute(query, (objid,)).fetchall()]
-        elif cls == "pg_namespace":
-            owner, acl, comment = conn.execute(NAMESPACE, (objid,)).fetchone()
-            lines += [f"owner: {owner}", f"acl: {acl}", f"comment: {comment}"]
-        else:
-            comment = conn.execute("SELECT obj_description(%s, %s)", (objid, cls)).fetchone()[0]
-            lines.append(f"comment: {comment or '(none)'}")
-        objects.append((descr, lines))
+    objects = [(descr, _describe_object(conn, roles, cls, objid))
+               for cls, objid, objsubid, descr in conn.execute(MEMBERS, (ext,)).fetchall()]
     out = []
     ext_row = conn.execute(EXTENSION, (ext,)).fetchone()
     if ext_row is None:
@@ -174,4 +178,48 @@ def describe(conn, ext="idempotency"):
         out.append(f"{descr} | member")
         out += [f"{descr} | {line}" for line in lines]
     out += [f"not a member: {r[0]}" for r in conn.execute(STRAYS, {"ext": ext}).fetchall()]
+    return out
+
+
+# What a schema holds, for an install that is no extension (the SQL edition's plain script): the schema
+# itself when it is `own` (its owner, ACL, comment), its functions, its relations other than indexes (shown
+# with their table), TOAST tables, the partitions of idempotency.records and the row types of tables
+# (composite types made by CREATE TYPE are relations of relkind c), and its other types (enums, domains,
+# ranges; not arrays); not what another extension made there (pgcrypto's functions in public).
+def _not_foreign(catalog, oid):
+    return f"""NOT EXISTS (SELECT 1 FROM pg_depend d JOIN pg_extension e ON e.oid = d.refobjid
+                    WHERE d.classid = '{catalog}'::regclass AND d.objid = {oid} AND d.deptype = 'e'
+                      AND d.refclassid = 'pg_extension'::regclass AND e.extname <> 'idempotency')"""
+
+
+SCHEMA_OBJECTS = f"""
+WITH parts AS (SELECT inhrelid AS oid FROM pg_inherits WHERE inhparent = (SELECT to_regclass('idempotency.records')))
+SELECT 'pg_namespace', n.oid, pg_describe_object('pg_namespace'::regclass, n.oid, 0)
+  FROM pg_namespace n WHERE n.nspname = ANY (%(own)s::name[])
+UNION ALL
+SELECT 'pg_proc', p.oid, pg_describe_object('pg_proc'::regclass, p.oid, 0)
+  FROM pg_proc p WHERE p.pronamespace::regnamespace::name = ANY (%(schemas)s::name[])
+   AND {_not_foreign('pg_proc', 'p.oid')}
+UNION ALL
+SELECT 'pg_class', c.oid, pg_describe_object('pg_class'::regclass, c.oid, 0)
+  FROM pg_class c WHERE c.relnamespace::regnamespace::name = ANY (%(schemas)s::name[])
+   AND c.relkind NOT IN ('i', 'I', 't') AND c.oid NOT IN (SELECT oid FROM parts)
+   AND {_not_foreign('pg_class', 'c.oid')}
+UNION ALL
+SELECT 'pg_type', t.oid, pg_describe_object('pg_type'::regclass, t.oid, 0) || ' (' || t.typtype::text || ')'
+  FROM pg_type t WHERE t.typnamespace::regnamespace::name = ANY (%(schemas)s::name[])
+   AND t.typtype NOT IN ('c', 'b') AND t.typelem = 0 AND {_not_foreign('pg_type', 't.oid')}"""
+
+
+def describe_schemas(conn, schemas, own=()):
+    """The canonical description of what the schemas `schemas` hold (and of the schemas `own` themselves),
+    as a list of lines, in the format of describe()."""
+    roles = [r[0] for r in conn.execute(ROLES).fetchall()]
+    objects = [(descr, _describe_object(conn, roles, cls, objid))
+               for cls, objid, descr in conn.execute(SCHEMA_OBJECTS, {"schemas": list(schemas),
+                                                                      "own": list(own)}).fetchall()]
+    out = []
+    for descr, lines in sorted(objects):
+        out.append(f"{descr} | object")
+        out += [f"{descr} | {line}" for line in lines]
     return out

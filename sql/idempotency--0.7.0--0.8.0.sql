@@ -1,0 +1,5 @@
+-- 0.7.0 -> 0.8.0: the native extension's schema and what it stores do not change; there is nothing to do.
+-- 0.8.0 is a version of the SQL edition (sql/edition/, issue 32: its key calls' state cached per statement,
+-- a new column partition_ranges.known_empty, its upgrade sql/edition/upgrades/idempotency--0.7.0--0.8.0.sql),
+-- and the two editions share one version number, the crate's. ALTER EXTENSION idempotency UPDATE only
+-- records the new version, after PostgreSQL was restarted on the 0.8.0 library.
