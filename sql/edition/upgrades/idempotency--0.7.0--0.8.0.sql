@@ -54,6 +54,7 @@ DROP FUNCTION idempotency.once_one(text, text, timestamptz, timestamptz);
 --@include 30-keys.sql
 --@include 35-once.sql
 --@include 40-batch.sql: idempotency.too_many_keys idempotency.check_keys idem_claim_batch idem_complete_batch idem_once_batch
+--@include 45-canonical.sql
 --@include 50-derive.sql
 --@include 60-offsets.sql
 --@include 70-admin.sql

@@ -19,6 +19,19 @@ SELECT idem_fingerprint('{"a": 1}') = idem_fingerprint('{"a": 2}') AS same;
 SELECT idem_fingerprint('{"amount": 5, "trace": "x"}', '/amount') = idem_fingerprint('{"amount": 5, "trace": "y"}', '/amount') AS same;
 -- An array of parts works as VARIADIC.
 SELECT idem_key('6ba7b810-9dad-11d1-80b4-00c04fd430c8', VARIADIC ARRAY['orders', '42']) = idem_key('6ba7b810-9dad-11d1-80b4-00c04fd430c8', 'orders', '42') AS same;
+-- Many parts (the SQL edition writes the name of more than 32 parts in one statement, and of fewer in a
+-- loop): the client libraries' value; a two-dimensional array is its parts in order; a NULL among them is 22004.
+SELECT idem_key('6ba7b810-9dad-11d1-80b4-00c04fd430c8', VARIADIC ARRAY(
+           SELECT CASE g % 5 WHEN 0 THEN '' WHEN 1 THEN repeat('é', g) WHEN 2 THEN 'a;b:' || g
+                             WHEN 3 THEN repeat('x', 60 + g) ELSE '日本' || g END
+             FROM generate_series(0, 99) g ORDER BY g)) = 'ac889ef6-9abb-5f88-9232-5ff6f636aedc' AS pinned;
+SELECT idem_key('6ba7b810-9dad-11d1-80b4-00c04fd430c8', VARIADIC ARRAY(SELECT ARRAY['p' || g, repeat('é', g)] FROM generate_series(1, 20) g ORDER BY g))
+     = idem_key('6ba7b810-9dad-11d1-80b4-00c04fd430c8', VARIADIC ARRAY(SELECT x FROM generate_series(1, 20) g, LATERAL unnest(ARRAY['p' || g, repeat('é', g)]) WITH ORDINALITY AS u(x, i) ORDER BY g, i)) AS same;
+-- JSON Pointers: an array index is 0 or digits without a leading 0 (01, +1, ' 1' and -1 have no value in an
+-- array, and are keys like any other in an object); ~1 is '/', then ~0 is '~'; a path given twice counts once.
+SELECT idem_fingerprint('{"x": [10, 20], "o": {"01": 1, "+1": 2, "~": 3}, "~": {"/": 4}}',
+           '/x/01', '/x/+1', '/x/ 1', '/x/-1', '/o/01', '/o/+1', '/x/1', '/x/1/0', '/~', '/~0', '/~0/~1', '/o/~', '/x/1')
+     = '08662c105ea91e606683e01c9d72b239281031e0a03c5dbcbd7849691736f1dc' AS pinned;
 -- Documents nested up to 100 arrays and objects deep are fingerprinted, the same value as the client
 -- libraries' (clients/vectors.json); deeper ones (PostgreSQL takes thousands of levels) are refused with
 -- 54000, never with a parser's internal error.
@@ -33,6 +46,7 @@ SELECT idem_fingerprint((repeat('[', 5000) || '1' || repeat(']', 5000))::jsonb);
 SELECT idem_key(NULL, 'a');
 SELECT idem_key('6ba7b810-9dad-11d1-80b4-00c04fd430c8', 'a', NULL);
 SELECT idem_key('6ba7b810-9dad-11d1-80b4-00c04fd430c8', VARIADIC ARRAY[]::text[]);
+SELECT idem_key('6ba7b810-9dad-11d1-80b4-00c04fd430c8', VARIADIC ARRAY(SELECT CASE WHEN g = 40 THEN NULL ELSE 'p' || g END FROM generate_series(1, 50) g));
 SELECT idem_fingerprint(NULL);
 SELECT idem_fingerprint('{}', 'a/b');
 SELECT idem_fingerprint('{}', NULL::text);
