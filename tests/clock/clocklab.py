@@ -43,6 +43,7 @@ class Case:
         self.interval, self.retention, self.premake = interval, retention, premake
         self.drop_lock_timeout_ms = drop_lock_timeout_ms
         self.maint_tz = maint_tz
+        self.worker_s = None  # the native worker's maintenance_interval; default about a fake minute
         self.sql = pgtools.sql_edition()
         self.stop = threading.Event()
         self.threads = []
@@ -72,7 +73,7 @@ class Case:
             clock.start(self.start_at, self.rate)
             if not self.sql:
                 # The worker runs a round about every minute of the fake clock.
-                worker_s = max(1, round(60 / self.rate))
+                worker_s = self.worker_s or max(1, round(60 / self.rate))
                 for name, value in (("partition_interval", _guc_text(self.interval)), ("retention", _guc_text(self.retention)),
                                     ("premake", self.premake), ("maintenance_interval", f"{worker_s}s"),
                                     ("drop_lock_timeout", f"{self.drop_lock_timeout_ms}ms")):

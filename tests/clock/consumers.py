@@ -8,6 +8,7 @@ SQLSTATE, the duplicates answered as new, offsets that did not advance.
 import itertools
 import random
 import threading
+import time
 
 import psycopg
 
@@ -26,6 +27,7 @@ class Ledger:
         self.lock = threading.Lock()
         self.seq = itertools.count()
         self.done = []  # keys whose first processing committed, in order
+        self.done_at = []  # when each was committed (time.monotonic())
         self.errors = []  # (sqlstate, message, where)
         self.answered_new = []  # (key, what) a re-delivery answered as new
         self.offsets_stuck = []  # (consumer, offset) idem_record_offset did not advance
@@ -39,32 +41,39 @@ class Ledger:
             return [f"{self.prefix}-{next(self.seq)}" for _ in range(n)]
 
     def committed(self, keys):
+        now = time.monotonic()
         with self.lock:
             self.done.extend(keys)
+            self.done_at.extend([now] * len(keys))
 
     def error(self, e, where):
         with self.lock:
             self.errors.append((getattr(e, "sqlstate", None), str(e).splitlines()[0] if str(e) else repr(e), where))
 
-    def pick_done(self, rng, eligible=None):
+    def pick_done(self, rng, max_age=None):
+        """A done key, at random; with max_age, one committed at most that many real seconds ago."""
         with self.lock:
             if not self.done:
                 return None
-            pool = self.done if eligible is None else [k for k in self.done[-2000:] if eligible(k)]
-            return rng.choice(pool) if pool else None
+            if max_age is None:
+                return rng.choice(self.done)
+            oldest = time.monotonic() - max_age
+            first = next((i for i in range(len(self.done_at) - 1, -1, -1) if self.done_at[i] < oldest), -1) + 1
+            return rng.choice(self.done[first:]) if first < len(self.done) else None
 
 
 class Consumer(threading.Thread):
     """One consumer: until stop is set (or `budget` messages are done), processes new messages and, one time
     in `redeliver`, re-delivers a done one. `connect()` opens its session; `setup` runs once in it (SET
-    TimeZone ...). `eligible(key)` says which done keys a re-delivery may pick (those still retained)."""
+    TimeZone ...). `max_age`: a re-delivery picks keys done at most that many real seconds ago (still
+    retained)."""
 
-    def __init__(self, n, ledger, connect, stop, *, seed, redeliver=4, budget=None, setup=(), eligible=None,
+    def __init__(self, n, ledger, connect, stop, *, seed, redeliver=4, budget=None, setup=(), max_age=None,
                  ttl="5 min"):
         super().__init__(daemon=True, name=f"consumer-{n}")
         self.n, self.ledger, self.connect, self.stop = n, ledger, connect, stop
         self.rng = random.Random(seed)
-        self.redeliver, self.budget, self.setup, self.eligible, self.ttl = redeliver, budget, setup, eligible, ttl
+        self.redeliver, self.budget, self.setup, self.max_age, self.ttl = redeliver, budget, setup, max_age, ttl
         self.offset = 0
         self.crashed = None
 
@@ -82,7 +91,7 @@ class Consumer(threading.Thread):
             self.ledger.error(e, f"consumer {self.n} stopped")
 
     def one(self, c):
-        old = self.rng.randrange(self.redeliver) == 0 and self.ledger.pick_done(self.rng, self.eligible)
+        old = self.rng.randrange(self.redeliver) == 0 and self.ledger.pick_done(self.rng, self.max_age)
         mode = MODES[self.rng.randrange(len(MODES))]
         if old:
             self.ledger.redelivered += 1
