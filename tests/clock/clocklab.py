@@ -69,8 +69,6 @@ class Case:
         self.log_from = cluster.log_size()
         with cluster.connect() as admin:
             admin.execute(f"DROP DATABASE IF EXISTS {DB} WITH (FORCE)")
-            clock.server_now = lambda: admin.execute("SELECT clock_timestamp()").fetchone()[0]
-            clock.start(self.start_at, self.rate)
             if not self.sql:
                 # The worker runs a round about every minute of the fake clock.
                 worker_s = self.worker_s or max(1, round(60 / self.rate))
@@ -90,10 +88,14 @@ class Case:
             else:
                 # The reload reached this backend: the first round must use the case's settings.
                 assert c.execute("SHOW idempotency.partition_interval").fetchone()[0] == _guc_text(self.interval)
-            c.execute("SELECT FROM idem_maintenance()")
             c.execute("CREATE TABLE business (key text NOT NULL, consumer int NOT NULL,"
                       " at timestamptz NOT NULL DEFAULT now())")
             c.execute("CREATE INDEX ON business (key)")
+            # The clock is set once the database is ready (the install takes seconds, minutes of a fast
+            # clock), then the first round makes the partitions, as of the case's start.
+            clock.server_now = lambda: c.execute("SELECT clock_timestamp()").fetchone()[0]
+            clock.start(self.start_at, self.rate)
+            c.execute("SELECT FROM idem_maintenance()")
         self.watcher = Watcher(self)
         self.watcher.start()
         return self
@@ -239,7 +241,7 @@ def check_case(case, ledger, report, *, retained_since=None):
     problems += [f"server log: {m.group(0)[:200]}" for m in ERROR_LINE.finditer(log)]
     problems += [f"server log: {line[:200]}" for line in pgtools.crash_lines(log)]
     report(f"{len(ledger.done)} messages in {ledger.tx} transactions, {ledger.redelivered} re-deliveries, "
-           f"{ledger.lost_leases} leases taken over, {case.watcher.waits} round waits on consumers, "
+           f"{ledger.lost_leases} leases taken over, {ledger.reclaimed_leases} reclaimed, {case.watcher.waits} round waits on consumers, "
            f"{len(problems)} violations")
     assert not problems, "\n".join(problems[:40])
 
@@ -248,3 +250,28 @@ def partitions(conn):
     """(name, range_from, range_to, sealed) of every partition, oldest first."""
     return conn.execute("SELECT partition::text, range_from, range_to, sealed_at IS NOT NULL"
                         "  FROM idempotency.partitions ORDER BY range_from").fetchall()
+
+
+def round_waits_for(case, consumer):
+    """Runs a maintenance round in a session of its own while `consumer` (a session) keeps its transaction
+    open, then commits the consumer's transaction; returns whether the round waited for the consumer on
+    anything but a relation lock (a row, a transaction or an advisory lock: held until the consumer's
+    transaction ends; a relation lock it waits for at most drop_lock_timeout). Polled until the round ends
+    or is seen waiting: no time bound decides."""
+    consumer_pid = consumer.execute("SELECT pg_backend_pid()").fetchone()[0]
+    blocked = False
+    with case.connect(MAINT_APP) as m:
+        round_pid = m.execute("SELECT pg_backend_pid()").fetchone()[0]
+        t = threading.Thread(target=lambda: case.round(m), daemon=True)
+        try:
+            with case.server.cluster.connect() as watch:
+                t.start()
+                while t.is_alive() and not blocked:
+                    blocked = watch.execute(
+                        "SELECT %s::int = ANY (pg_blocking_pids(%s::int)) AND EXISTS (SELECT FROM pg_locks"
+                        " WHERE pid = %s::int AND NOT granted AND locktype <> 'relation')",
+                        (consumer_pid, round_pid, round_pid)).fetchone()[0]
+        finally:
+            consumer.execute("COMMIT")
+            t.join()
+    return blocked
