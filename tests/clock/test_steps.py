@@ -11,6 +11,8 @@ checked here:
   stepped back behind a seal) goes to the first partition that is not sealed, created_at moved to its start.
 """
 import datetime
+import threading
+import time
 
 import psycopg
 import pytest
@@ -124,3 +126,41 @@ def test_clock_steps(server, report):
                 assert created == MIDNIGHT, (created, late)
             ledger.committed(held)
             check_case(case, ledger, report)
+
+
+def test_a_step_back_lengthens_a_lock_timeout(server, report):
+    """PostgreSQL's lock_timeout (with which maintenance waits at most drop_lock_timeout for a partition's
+    writers) is a deadline on the wall clock: a step back during the wait lengthens it by the step, a step
+    forward does not shorten it. What docs/reference.md ("The clock") says, shown on a table of the case."""
+    with Case(server, "lock-timeout", start=START, rate=1) as case:
+        with case.connect() as holder, case.connect() as waiter:
+            holder.execute("CREATE TABLE t ()")
+            waited = {}
+            for step in (-2, 3600):
+                holder.execute("BEGIN")
+                holder.execute("LOCK t")
+                waiter.execute("BEGIN")
+                waiter.execute("SET LOCAL lock_timeout = '200ms'")
+                pid = waiter.execute("SELECT pg_backend_pid()").fetchone()[0]
+                done = threading.Event()
+
+                def step_when_waiting(pid=pid, step=step):
+                    with case.server.cluster.connect() as w:
+                        while not done.is_set() and not w.execute(
+                                "SELECT EXISTS (SELECT FROM pg_locks WHERE pid = %s::int AND NOT granted)", (pid,)).fetchone()[0]:
+                            pass
+                    case.server.clock.step(step)
+
+                stepper = threading.Thread(target=step_when_waiting, daemon=True)
+                stepper.start()
+                started = time.monotonic()
+                with pytest.raises(psycopg.errors.LockNotAvailable):
+                    waiter.execute("LOCK t")
+                waited[step] = time.monotonic() - started
+                done.set()
+                stepper.join()
+                waiter.execute("ROLLBACK")
+                holder.execute("ROLLBACK")
+        assert waited[-2] >= 2.0, waited
+        report(f"a 200 ms lock_timeout waited {waited[-2]:.1f} s across a step back of 2 s, "
+               f"{waited[3600]:.1f} s across a step forward of an hour")
