@@ -120,64 +120,13 @@ func (g *Guard) DoClaim(ctx context.Context, key string, opts ClaimOptions, h Ha
 
 	hctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	var lostMu sync.Mutex
-	var lost error                 // the heartbeat found the lease lost
-	var hbErr error                // the last heartbeat that failed otherwise, nil after a successful one
-	stop := make(chan struct{})    // the handler returned: no more heartbeats
-	stopped := make(chan struct{}) // the heartbeat goroutine is gone
 	every := g.HeartbeatEvery
 	if every == 0 {
 		every = opts.TTL / 3
 	}
-	if every > 0 {
-		go func() {
-			defer close(stopped)
-			t := time.NewTicker(every)
-			defer t.Stop()
-			for {
-				select {
-				case <-stop:
-					return
-				case <-ctx.Done():
-					return
-				case <-t.C:
-				}
-				// ctx, not hctx: a heartbeat in flight when the handler returns is let finish (cancelling
-				// a query makes pgx close its connection)
-				_, err := g.Store.Heartbeat(ctx, lease, opts.TTL)
-				switch {
-				case err == nil:
-					lostMu.Lock()
-					hbErr = nil
-					lostMu.Unlock()
-				case errors.Is(err, ErrLeaseLost):
-					lostMu.Lock()
-					lost = withHeartbeatErr(err, hbErr, "idem_heartbeat", lease)
-					lostMu.Unlock()
-					cancel() // tell the handler: the key is someone else's now
-					return
-				case ctx.Err() != nil:
-					return
-				default:
-					lostMu.Lock()
-					hbErr = err
-					lostMu.Unlock()
-					if g.OnHeartbeatError != nil {
-						g.OnHeartbeatError(key, err)
-					}
-				}
-			}
-		}()
-	} else {
-		close(stopped)
-	}
-
+	k := keepAlive(ctx, cancel, g.Store, lease, opts.TTL, every, g.OnHeartbeatError)
 	out, herr := callHandler(hctx, lease, h)
-	close(stop)
-	<-stopped
-	lostMu.Lock()
-	lostErr, lastHbErr := lost, hbErr
-	lostMu.Unlock()
+	lostErr, lastHbErr := k.end()
 	if lostErr != nil {
 		return res, lostErr
 	}
@@ -198,6 +147,76 @@ func (g *Guard) DoClaim(ctx context.Context, key string, opts ClaimOptions, h Ha
 		return res, &HandlerError{Key: key, Scope: lease.Scope, Err: herr, RecordErr: ferr}
 	}
 	return res, &HandlerError{Key: key, Scope: lease.Scope, Err: herr, Outcome: outcome}
+}
+
+// keeper extends a lease with heartbeats in a goroutine of its own while a handler runs.
+type keeper struct {
+	mu      sync.Mutex
+	lost    error         // a heartbeat found the lease lost
+	hbErr   error         // the last heartbeat that failed otherwise, nil after a successful one
+	stop    chan struct{} // the handler returned: no more heartbeats
+	stopped chan struct{} // the heartbeat goroutine is gone
+}
+
+// keepAlive calls store.Heartbeat every `every` (none when every <= 0) until end, or until ctx ends. A
+// heartbeat that finds the lease lost calls cancel (the handler's context: the key is someone else's now)
+// and stops; other heartbeat errors go to onErr (when set) and the next beat tries again.
+func keepAlive(ctx context.Context, cancel context.CancelFunc, store Store, lease Lease, ttl, every time.Duration,
+	onErr func(key string, err error)) *keeper {
+	k := &keeper{stop: make(chan struct{}), stopped: make(chan struct{})}
+	if every <= 0 {
+		close(k.stopped)
+		return k
+	}
+	go func() {
+		defer close(k.stopped)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-k.stop:
+				return
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			// ctx, not the handler's context: a heartbeat in flight when the handler returns is let
+			// finish (cancelling a query makes pgx close its connection)
+			_, err := store.Heartbeat(ctx, lease, ttl)
+			switch {
+			case err == nil:
+				k.mu.Lock()
+				k.hbErr = nil
+				k.mu.Unlock()
+			case errors.Is(err, ErrLeaseLost):
+				k.mu.Lock()
+				k.lost = withHeartbeatErr(err, k.hbErr, "idem_heartbeat", lease)
+				k.mu.Unlock()
+				cancel()
+				return
+			case ctx.Err() != nil:
+				return
+			default:
+				k.mu.Lock()
+				k.hbErr = err
+				k.mu.Unlock()
+				if onErr != nil {
+					onErr(lease.Key, err)
+				}
+			}
+		}
+	}()
+	return k
+}
+
+// end stops the heartbeats, waits for the goroutine, and returns the lease loss a heartbeat found (nil
+// when none) and the last heartbeat error with no successful heartbeat after it.
+func (k *keeper) end() (lost, lastHbErr error) {
+	close(k.stop)
+	<-k.stopped
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.lost, k.hbErr
 }
 
 func callHandler(ctx context.Context, l Lease, h Handler) (out interface{}, err error) {

@@ -16,6 +16,9 @@ import (
 var pool *pgxpool.Pool
 
 func TestMain(m *testing.M) {
+	if addr := os.Getenv("IDEM_HTTP_SERVE"); addr != "" { // the HTTP tests' server (httpapp_test.go)
+		os.Exit(serveTestApp(addr))
+	}
 	dsn := os.Getenv("IDEM_TEST_DSN")
 	if dsn == "" {
 		fmt.Fprintln(os.Stderr, "IDEM_TEST_DSN is not set: run clients/go/test, which starts a cluster with the extension")
@@ -39,11 +42,15 @@ func TestMain(m *testing.M) {
 	}
 	_, err = pool.Exec(context.Background(),
 		`CREATE TABLE IF NOT EXISTS ledger (key text NOT NULL, note text, at timestamptz DEFAULT clock_timestamp())`)
+	if err == nil {
+		_, err = pool.Exec(context.Background(), httpTables)
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "setup:", err)
 		os.Exit(2)
 	}
 	code := m.Run()
+	stopHTTPServers()
 	pool.Close()
 	os.Exit(code)
 }

@@ -7,15 +7,61 @@ CREATE SCHEMA idempotency;
 REVOKE ALL ON SCHEMA idempotency FROM PUBLIC;
 
 -- The roles, created when missing (cluster-wide). Needs CREATEROLE, which every managed service's admin
--- role has.
+-- role has. The documented next step is the installing role's GRANT idempotency_consumer TO a consumer: on
+-- PostgreSQL 16 and later only a role with ADMIN OPTION on a role may grant it (the role that created it
+-- has that, a superuser always), so a second database's owner, installing after another database's install
+-- made the roles, cannot. The install goes on (a superuser or another admin may grant the roles itself),
+-- but says so at once, with who holds ADMIN OPTION and what they run (docs/managed.md). Up to 15, CREATEROLE
+-- grants any role that is not a superuser. "Can grant" is what GRANT itself needs: ADMIN OPTION held by
+-- this role or by a role whose privileges it inherits (a role that only created an ADMIN holder gets
+-- "no possible grantors").
 DO $$
+DECLARE
+    me constant name := current_user;
+    v16 constant boolean := pg_catalog.current_setting('server_version_num')::integer OPERATOR(pg_catalog.>=) 160000;
+    r text;
+    cannot text[] := ARRAY[]::text[];
+    holders text;
 BEGIN
-    IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'idempotency_consumer') THEN
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname OPERATOR(pg_catalog.=) 'idempotency_consumer') THEN
         CREATE ROLE idempotency_consumer NOLOGIN;
     END IF;
-    IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'idempotency_admin') THEN
+    IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname OPERATOR(pg_catalog.=) 'idempotency_admin') THEN
         CREATE ROLE idempotency_admin NOLOGIN;
     END IF;
+    IF (SELECT u.rolsuper OR (u.rolcreaterole AND NOT v16) FROM pg_catalog.pg_roles u WHERE u.rolname OPERATOR(pg_catalog.=) me) THEN
+        RETURN;
+    END IF;
+    FOREACH r IN ARRAY ARRAY['idempotency_consumer', 'idempotency_admin'] LOOP
+        IF NOT (CASE WHEN v16
+                     THEN EXISTS (SELECT FROM pg_catalog.pg_auth_members a
+                                   WHERE a.roleid OPERATOR(pg_catalog.=) r::pg_catalog.regrole::pg_catalog.oid
+                                     AND a.admin_option AND pg_catalog.pg_has_role(me, a.member, 'USAGE'))
+                     ELSE pg_catalog.pg_has_role(me, r, 'MEMBER WITH ADMIN OPTION') END) THEN
+            cannot := pg_catalog.array_append(cannot, r);
+        END IF;
+    END LOOP;
+    IF pg_catalog.cardinality(cannot) OPERATOR(pg_catalog.=) 0 THEN
+        RETURN;
+    END IF;
+    SELECT pg_catalog.string_agg(DISTINCT pg_catalog.quote_ident(m.rolname), ', ') INTO holders
+      FROM pg_catalog.pg_auth_members a JOIN pg_catalog.pg_roles m ON m.oid OPERATOR(pg_catalog.=) a.member
+     WHERE a.admin_option AND a.roleid OPERATOR(pg_catalog.=) ANY (cannot::pg_catalog.regrole[]::pg_catalog.oid[]);
+    RAISE WARNING 'idempotency: role % cannot grant %: the roles exist, and it holds no ADMIN OPTION on them',
+        pg_catalog.quote_ident(me), pg_catalog.array_to_string(cannot, ', ')
+        USING DETAIL = CASE WHEN v16
+            THEN 'The roles are the server''s, not the database''s, and were made before (by the install in another '
+                 'database, or by hand); since PostgreSQL 16 only a role with ADMIN OPTION on a role may grant it (held by '
+                 OPERATOR(pg_catalog.||) coalesce(holders OPERATOR(pg_catalog.||) ', and by ', '') OPERATOR(pg_catalog.||) 'superusers).'
+            ELSE 'Up to PostgreSQL 15, granting them needs CREATEROLE or ADMIN OPTION on them.' END,
+        HINT = pg_catalog.format('So that %s can grant them to its consumers, %s runs: GRANT %s TO %s WITH ADMIN OPTION%s; '
+                                 'or that role grants them to the consumer roles itself.',
+            pg_catalog.quote_ident(me),
+            CASE WHEN NOT v16 THEN 'a role with CREATEROLE or a superuser'
+                 WHEN holders IS NULL THEN 'a superuser'
+                 ELSE 'a role with ADMIN OPTION on them (' OPERATOR(pg_catalog.||) holders OPERATOR(pg_catalog.||) ') or a superuser' END,
+            pg_catalog.array_to_string(cannot, ', '), pg_catalog.quote_ident(me),
+            CASE WHEN v16 THEN ', INHERIT FALSE, SET FALSE' ELSE '' END);
 END
 $$;
 GRANT USAGE ON SCHEMA idempotency TO idempotency_admin, pg_monitor;
@@ -79,6 +125,8 @@ COMMENT ON TABLE idempotency.sealed IS 'Sealed partitions of idempotency.records
 -- its value is seen at once by every transaction, whatever its snapshot, so a writer that waited for a
 -- seal's lock learns of the seal even under REPEATABLE READ (see idempotency.write_partition).
 CREATE SEQUENCE idempotency.sealed_upto AS bigint MINVALUE 0 START 0 NO CYCLE;
+-- (Called once, so that pg_sequence_last_value reads 0 rather than NULL before the first seal.)
+SELECT FROM pg_catalog.setval('idempotency.sealed_upto', 0, true);
 
 -- The settings a session must not loosen (see idempotency.config()), one row. The database owner (the
 -- edition's owner) changes them with UPDATE idempotency.settings SET ...; a session's SET

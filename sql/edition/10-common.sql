@@ -215,16 +215,16 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION idempotency.check_ttl(ttl interval, s idempotency.settings) RETURNS interval
+CREATE FUNCTION idempotency.check_ttl(ttl interval, lease_ttl interval, max_lease_ttl interval) RETURNS interval
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
 DECLARE
-    t interval := coalesce(ttl, s.lease_ttl);
+    t interval := coalesce(ttl, lease_ttl);
 BEGIN
     IF t OPERATOR(pg_catalog.<=) '0'::interval THEN
         RAISE EXCEPTION 'idempotency: ttl must be positive, got %', t USING ERRCODE = '22023';
     END IF;
-    IF t OPERATOR(pg_catalog.>) s.max_lease_ttl THEN
-        RAISE EXCEPTION 'idempotency: ttl % is longer than idempotency.max_lease_ttl (%)', t, s.max_lease_ttl
+    IF t OPERATOR(pg_catalog.>) max_lease_ttl THEN
+        RAISE EXCEPTION 'idempotency: ttl % is longer than idempotency.max_lease_ttl (%)', t, max_lease_ttl
             USING ERRCODE = '22023';
     END IF;
     RETURN t;
@@ -263,17 +263,21 @@ $$;
 -- caller is idempotency.caller(); a superuser passes; a member of a granted role (with its privileges) passes.
 CREATE FUNCTION idempotency.authorize(kind text, name text, s idempotency.settings) RETURNS void
 LANGUAGE plpgsql STABLE PARALLEL SAFE AS $$
-DECLARE
-    enforced boolean;
 BEGIN
-    enforced := s.require_scope_grants
-        OR EXISTS (SELECT FROM idempotency.scope_grants g WHERE g.kind OPERATOR(pg_catalog.=) authorize.kind);
-    IF NOT enforced THEN
-        RETURN;
+    IF s.require_scope_grants
+       OR EXISTS (SELECT FROM idempotency.scope_grants g WHERE g.kind OPERATOR(pg_catalog.=) authorize.kind) THEN
+        PERFORM idempotency.authorize_enforced(kind, name);
     END IF;
+END
+$$;
+
+-- The check itself, once grants of the kind are enforced (idempotency.call_state tells the key calls so).
+CREATE FUNCTION idempotency.authorize_enforced(kind text, name text) RETURNS void
+LANGUAGE plpgsql STABLE PARALLEL SAFE AS $$
+BEGIN
     IF idempotency.session_is_superuser() OR EXISTS (
         SELECT FROM idempotency.scope_grants g
-         WHERE g.kind OPERATOR(pg_catalog.=) authorize.kind
+         WHERE g.kind OPERATOR(pg_catalog.=) authorize_enforced.kind
            AND CASE WHEN pg_catalog.right(g.pattern, 1) OPERATOR(pg_catalog.=) '*'
                     THEN pg_catalog.starts_with(name, pg_catalog.left(g.pattern, -1))
                     ELSE g.pattern OPERATOR(pg_catalog.=) name END

@@ -15,9 +15,14 @@ CREATE TABLE idempotency.partition_ranges (
     partition      regclass PRIMARY KEY,    -- (regclass: a dump names the partition, a restore finds it again)
     partition_name name NOT NULL,
     range_from     timestamptz NOT NULL,
-    range_to       timestamptz NOT NULL
+    range_to       timestamptz NOT NULL,
+    -- Known to hold no row: a partition ahead of the write partition that maintenance found empty (a key
+    -- call then does not look there). Only a move writes rows ahead (sql/move/import.sql clears it).
+    known_empty    boolean NOT NULL DEFAULT false
 );
 CREATE INDEX ON idempotency.partition_ranges (range_from);
+CREATE TRIGGER call_cache AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON idempotency.partition_ranges
+    FOR EACH STATEMENT EXECUTE FUNCTION idempotency.refresh_call_cache();
 COMMENT ON TABLE idempotency.partition_ranges IS 'The partitions of idempotency.records and their ranges (the SQL edition''s own record of them).';
 DO $$
 BEGIN

@@ -64,6 +64,12 @@ BEGIN
             next_seal := NULL;
         END LOOP;
     END IF;
+    BEGIN
+        PERFORM idempotency.mark_empty_ahead();
+    EXCEPTION WHEN OTHERS THEN
+        GET STACKED DIAGNOSTICS failure = MESSAGE_TEXT;
+        errors := errors OPERATOR(pg_catalog.||) ('mark empty: ' OPERATOR(pg_catalog.||) failure);
+    END;
     IF s.partition_manager OPERATOR(pg_catalog.=) 'builtin' THEN
         FOR p IN SELECT r.partition FROM idempotency.partition_ranges r
                   WHERE r.range_to OPERATOR(pg_catalog.<=) (as_of OPERATOR(pg_catalog.-) s.retention)
@@ -89,6 +95,8 @@ BEGIN
         GET STACKED DIAGNOSTICS failure = MESSAGE_TEXT;
         errors := errors OPERATOR(pg_catalog.||) ('reclaim: ' OPERATOR(pg_catalog.||) failure);
     END;
+    -- The key calls' cached state, written again (after a restore, or a change made under REPEATABLE READ).
+    PERFORM idempotency.write_call_cache();
     FOREACH failure IN ARRAY errors LOOP
         RAISE WARNING 'idempotency maintenance: %', failure;
     END LOOP;
@@ -105,6 +113,32 @@ END
 $$;
 COMMENT ON FUNCTION idem_maintenance(timestamptz) IS
 'Runs one maintenance round now: creates the partitions due, drops expired ones and reclaims stuck leases. Returns what it did.';
+
+-- Marks the partitions ahead of the write partition that hold no row as known_empty, so that a key call
+-- does not look for its key there (idempotency.call_state's probe_ahead). Only a write partition takes new
+-- rows, and a partition ahead of it becomes one only after every partition before it is sealed, when key
+-- calls no longer count it as ahead; a move (sql/move/import.sql) clears the marks.
+CREATE FUNCTION idempotency.mark_empty_ahead() RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    p record;
+    empty boolean;
+BEGIN
+    FOR p IN SELECT r.partition, r.partition_name FROM idempotency.partition_ranges r
+              WHERE NOT r.known_empty
+                AND r.range_from OPERATOR(pg_catalog.>=) (
+                    SELECT w.range_to FROM idempotency.partition_ranges w
+                     WHERE w.range_from OPERATOR(pg_catalog.>=) idempotency.sealed_until()
+                     ORDER BY w.range_from LIMIT 1)
+    LOOP
+        EXECUTE pg_catalog.format('SELECT NOT EXISTS (SELECT FROM idempotency.%I)', p.partition_name) INTO empty;
+        IF empty THEN
+            UPDATE idempotency.partition_ranges r SET known_empty = true
+             WHERE r.partition OPERATOR(pg_catalog.=) p.partition;
+        END IF;
+    END LOOP;
+END
+$$;
 
 -- Deletes up to 1,000 keys whose lease expired before cutoff and that nobody took over; a row another
 -- transaction is writing (locked) is left for the next round.

@@ -39,85 +39,98 @@ BEGIN
 END
 $$;
 
--- The row of the key this transaction claimed last, for idem_complete to update by its address: a scan by
--- address takes no predicate lock on a row this transaction wrote, where a lookup by key locks the index page
--- under SERIALIZABLE, and other consumers' inserts into that page then cost retries (issue 29's scenario: 9x
--- the hand-written pattern's failures). Kept in a transaction-local setting (undone with a rolled-back
--- subtransaction, as the claim is). A caller may set it to anything: idem_complete still matches key, scope,
--- status and holder, so a wrong address only sends it to the lookup by key.
-CREATE FUNCTION idempotency.remember_claim(part oid, row_ctid tid) RETURNS void
-LANGUAGE plpgsql AS $$
-BEGIN
-    PERFORM pg_catalog.set_config('idempotency_edition.claimed_row',
-                                  part::text OPERATOR(pg_catalog.||) ' ' OPERATOR(pg_catalog.||) row_ctid::text, true);
-END
+-- The claim this transaction made last, for idem_complete to update its row by address: a scan by address
+-- takes no predicate lock on a row this transaction wrote, where a lookup by key locks the index page under
+-- SERIALIZABLE (issue 29's scenario: 9x the hand-written pattern's failures), and it reads one partition.
+-- Kept in a transaction-local setting (undone with a rolled-back subtransaction, as the claim is) as
+-- "<token> <ctid> <partition oid>": the token stands for the holder (a caller who sets the setting by hand
+-- learns nothing a token argument would not give). idem_complete still matches key, scope, status and token,
+-- so a wrong value only sends it to the lookup by key.
+CREATE FUNCTION idempotency.remember_claim(token bigint, row_ctid tid, part oid) RETURNS text
+LANGUAGE sql AS $$
+    SELECT pg_catalog.set_config('idempotency_edition.claimed_row', pg_catalog.concat_ws(' ', token, row_ctid, part), true)
 $$;
 
-CREATE FUNCTION idempotency.remembered_claim(OUT part oid, OUT row_ctid tid)
-LANGUAGE plpgsql STABLE AS $$
-DECLARE
-    m text[] := pg_catalog.regexp_match(
-        pg_catalog.current_setting('idempotency_edition.claimed_row', true),
-        '^([0-9]{1,10}) \(([0-9]{1,10}),([0-9]{1,5})\)$');
-BEGIN
-    -- Parsed only within the types' ranges: a value set by hand never raises here.
-    IF m IS NOT NULL AND m[1]::numeric OPERATOR(pg_catalog.<=) 4294967295
-       AND m[2]::numeric OPERATOR(pg_catalog.<=) 4294967295 AND m[3]::numeric OPERATOR(pg_catalog.<=) 65535 THEN
-        part := m[1]::oid;
-        row_ctid := ('(' OPERATOR(pg_catalog.||) m[2] OPERATOR(pg_catalog.||) ',' OPERATOR(pg_catalog.||) m[3]
-                     OPERATOR(pg_catalog.||) ')')::tid;
-    END IF;
-END
-$$;
-
--- Under REPEATABLE READ and SERIALIZABLE: 40001 when a seal committed after this transaction's snapshot,
--- which may then miss rows of the newly sealed partition (called before a new key's row is written).
-CREATE FUNCTION idempotency.check_seals_visible(key text, scope text) RETURNS void
+-- 40001 under REPEATABLE READ and SERIALIZABLE when a seal committed after this transaction's snapshot,
+-- which may then miss rows of the newly sealed partition (idempotency.call_state's stale_seal; raised before
+-- a new key's row is written).
+CREATE FUNCTION idempotency.seal_conflict(key text, scope text) RETURNS void
 LANGUAGE plpgsql STABLE PARALLEL SAFE AS $$
 BEGIN
-    IF pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed'
-       AND idempotency.sealed_until() OPERATOR(pg_catalog.>)
-           coalesce((SELECT pg_catalog.max(x.range_to) FROM idempotency.sealed x), '-infinity'::timestamptz) THEN
-        RAISE EXCEPTION 'idempotency: could not serialize access to key % in scope % due to a concurrent claim',
-                        idempotency.quoted(key), idempotency.quoted(scope)
-            USING ERRCODE = '40001', DETAIL = 'A partition was sealed after this transaction''s snapshot was taken.',
-                  HINT = 'The transaction should be retried.';
-    END IF;
+    RAISE EXCEPTION 'idempotency: could not serialize access to key % in scope % due to a concurrent claim',
+                    idempotency.quoted(key), idempotency.quoted(scope)
+        USING ERRCODE = '40001', DETAIL = 'A partition was sealed after this transaction''s snapshot was taken.',
+              HINT = 'The transaction should be retried.';
 END
 $$;
 
--- One claim, for idem_claim and idem_claim_batch: arguments checked by the caller; w_* is the write
--- partition, locked by the caller.
+-- After a write into the write partition of st: true when a seal moved past that partition meanwhile (this
+-- transaction's lock on it came after the seal's, so the row went into a sealed partition, where later
+-- claims of the key do not look). Under REPEATABLE READ and SERIALIZABLE that is 40001; under READ
+-- COMMITTED the caller deletes what it wrote there and writes again with a new state.
+CREATE FUNCTION idempotency.sealed_under(st idempotency.call_state, key text, scope text) RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF coalesce(pg_catalog.pg_sequence_last_value('idempotency.sealed_upto'::pg_catalog.regclass), 0)
+       OPERATOR(pg_catalog.<) st.w_to_us THEN
+        RETURN false;
+    END IF;
+    IF pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed' THEN
+        PERFORM idempotency.seal_conflict(key, scope);
+    END IF;
+    RETURN true;
+END
+$$;
+
+-- One claim, for idem_claim and idem_claim_batch: arguments checked by the caller, st its
+-- idempotency.call_state. conflicted: the caller's insert of a new row met one in the write partition (the
+-- first round reads it). outcome 'retry': the write partition was sealed under the claim (READ COMMITTED),
+-- nothing was written, and the caller claims again with a new state.
 CREATE FUNCTION idempotency.claim_one(k text, sc text, ttl interval, fp text, wait boolean,
-                                      max_attempts integer, w_from timestamptz, w_to timestamptz,
+                                      st idempotency.call_state, conflicted boolean,
                                       OUT outcome text, OUT token bigint, OUT attempts integer,
                                       OUT payload jsonb, OUT expires_at timestamptz)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     r record;
+    found_row boolean := false;
     busy boolean := false;
     inserted boolean := false;
     saved text;
-    at_part oid;
     at_ctid tid;
+    at_part oid;
 BEGIN
     FOR round IN 1..3 LOOP
         -- A record of the key outside the write partition: in a sealed one (no new rows go there), or, after a
         -- restore or a move, in one ahead of it. Then one in the write partition, where new keys meet.
-        SELECT x.tableoid, x.ctid, x.xmin, x.status, x.token, x.attempts, x.fingerprint, x.payload, x.error, x.expires_at
-          INTO r FROM idempotency.records x
-         WHERE x.key OPERATOR(pg_catalog.=) k AND x.scope OPERATOR(pg_catalog.=) sc
-           AND (x.created_at OPERATOR(pg_catalog.<) w_from OR x.created_at OPERATOR(pg_catalog.>=) w_to);
-        IF NOT FOUND THEN
-            PERFORM idempotency.check_seals_visible(k, sc);
+        IF round OPERATOR(pg_catalog.=) 1 AND conflicted THEN
+            NULL;   -- the caller's insert met a row: read it below
+        ELSIF st.probe_ahead THEN
+            SELECT x.tableoid, x.ctid, x.xmin, x.status, x.token, x.attempts, x.fingerprint, x.payload, x.error, x.expires_at, x.created_at
+              INTO r FROM idempotency.records x
+             WHERE x.key OPERATOR(pg_catalog.=) k AND x.scope OPERATOR(pg_catalog.=) sc
+               AND (x.created_at OPERATOR(pg_catalog.<) st.w_from OR x.created_at OPERATOR(pg_catalog.>=) st.w_to);
+            found_row := FOUND;
+        ELSIF st.probe_before THEN
+            SELECT x.tableoid, x.ctid, x.xmin, x.status, x.token, x.attempts, x.fingerprint, x.payload, x.error, x.expires_at, x.created_at
+              INTO r FROM idempotency.records x
+             WHERE x.key OPERATOR(pg_catalog.=) k AND x.scope OPERATOR(pg_catalog.=) sc
+               AND x.created_at OPERATOR(pg_catalog.<) st.w_from;
+            found_row := FOUND;
+        END IF;
+        IF NOT found_row AND NOT (round OPERATOR(pg_catalog.=) 1 AND conflicted) THEN
+            IF st.stale_seal THEN
+                PERFORM idempotency.seal_conflict(k, sc);
+            END IF;
             token := pg_catalog.nextval('idempotency.token_seq');
             IF wait THEN
                 INSERT INTO idempotency.records AS x (scope, key, status, token, attempts, fingerprint,
                                                       created_at, updated_at, expires_at)
-                VALUES (sc, k, 'pending', claim_one.token, 1, fp, idempotency.created_at(w_from, w_to),
+                VALUES (sc, k, 'pending', claim_one.token, 1, fp,
+                        LEAST(GREATEST(pg_catalog.now(), st.w_from), st.w_to OPERATOR(pg_catalog.-) '1 microsecond'::interval),
                         pg_catalog.clock_timestamp(), pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) ttl)
                 ON CONFLICT DO NOTHING
-                RETURNING x.attempts, x.expires_at, x.tableoid, x.ctid INTO attempts, expires_at, at_part, at_ctid;
+                RETURNING x.attempts, x.expires_at, x.ctid, x.tableoid INTO attempts, expires_at, at_ctid, at_part;
                 inserted := FOUND;
             ELSE
                 -- Not waiting for another transaction's uncommitted row of the key: in_progress.
@@ -126,33 +139,46 @@ BEGIN
                     PERFORM pg_catalog.set_config('lock_timeout', '1ms', true);
                     INSERT INTO idempotency.records AS x (scope, key, status, token, attempts, fingerprint,
                                                           created_at, updated_at, expires_at)
-                    VALUES (sc, k, 'pending', claim_one.token, 1, fp, idempotency.created_at(w_from, w_to),
+                    VALUES (sc, k, 'pending', claim_one.token, 1, fp,
+                            LEAST(GREATEST(pg_catalog.now(), st.w_from), st.w_to OPERATOR(pg_catalog.-) '1 microsecond'::interval),
                             pg_catalog.clock_timestamp(), pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) ttl)
                     ON CONFLICT DO NOTHING
-                    RETURNING x.attempts, x.expires_at, x.tableoid, x.ctid INTO attempts, expires_at, at_part, at_ctid;
+                    RETURNING x.attempts, x.expires_at, x.ctid, x.tableoid INTO attempts, expires_at, at_ctid, at_part;
                     inserted := FOUND;
                     PERFORM pg_catalog.set_config('lock_timeout', saved, true);
                 EXCEPTION WHEN lock_not_available THEN
                     busy := true;
                 END;
                 IF busy THEN
-                    outcome := 'in_progress'; token := NULL;
+                    outcome := 'in_progress'; token := NULL; attempts := NULL; expires_at := NULL;
                     RETURN;
                 END IF;
             END IF;
+            -- A seal that moved past the write partition while this waited for its lock: the row (if any)
+            -- went where later claims of the key do not look. Deleted; the caller claims again.
+            IF coalesce(pg_catalog.pg_sequence_last_value('idempotency.sealed_upto'::pg_catalog.regclass), 0)
+               OPERATOR(pg_catalog.>=) st.w_to_us AND inserted AND idempotency.sealed_under(st, k, sc) THEN
+                DELETE FROM idempotency.records x
+                 WHERE x.tableoid OPERATOR(pg_catalog.=) at_part AND x.ctid OPERATOR(pg_catalog.=) at_ctid;
+                outcome := 'retry'; token := NULL; attempts := NULL; expires_at := NULL;
+                RETURN;
+            END IF;
             IF inserted THEN
-                PERFORM idempotency.remember_claim(at_part, at_ctid);
+                saved := idempotency.remember_claim(token, at_ctid, at_part);
                 outcome := 'claimed';
                 RETURN;
             END IF;
+        END IF;
+        IF NOT found_row THEN
             token := NULL;
             -- Another transaction wrote the key there and committed (ON CONFLICT waited for it), or this one did.
-            SELECT x.tableoid, x.ctid, x.xmin, x.status, x.token, x.attempts, x.fingerprint, x.payload, x.error, x.expires_at
+            SELECT x.tableoid, x.ctid, x.xmin, x.status, x.token, x.attempts, x.fingerprint, x.payload, x.error, x.expires_at, x.created_at
               INTO r FROM idempotency.records x
              WHERE x.key OPERATOR(pg_catalog.=) k AND x.scope OPERATOR(pg_catalog.=) sc
-               AND x.created_at OPERATOR(pg_catalog.>=) w_from;
+               AND x.created_at OPERATOR(pg_catalog.>=) st.w_from AND x.created_at OPERATOR(pg_catalog.<) st.w_to;
             CONTINUE WHEN NOT FOUND;   -- deleted in between (forgotten, reclaimed): look again
         END IF;
+        found_row := false;
         attempts := r.attempts;
         IF r.fingerprint IS NOT NULL AND fp IS NOT NULL AND r.fingerprint OPERATOR(pg_catalog.<>) fp THEN
             outcome := 'mismatch';
@@ -178,13 +204,13 @@ BEGIN
         -- Expired or released: take it over under the row's lock, deciding again on what the lock shows.
         IF wait THEN
             SELECT x.status, x.token, x.attempts, x.expires_at, x.fingerprint INTO r FROM idempotency.records x
-             WHERE x.tableoid OPERATOR(pg_catalog.=) r.tableoid AND x.ctid OPERATOR(pg_catalog.=) r.ctid
+             WHERE x.created_at OPERATOR(pg_catalog.=) r.created_at AND x.ctid OPERATOR(pg_catalog.=) r.ctid
                AND x.key OPERATOR(pg_catalog.=) k AND x.scope OPERATOR(pg_catalog.=) sc
                FOR UPDATE;
         ELSE
             BEGIN
                 SELECT x.status, x.token, x.attempts, x.expires_at, x.fingerprint INTO r FROM idempotency.records x
-                 WHERE x.tableoid OPERATOR(pg_catalog.=) r.tableoid AND x.ctid OPERATOR(pg_catalog.=) r.ctid
+                 WHERE x.created_at OPERATOR(pg_catalog.=) r.created_at AND x.ctid OPERATOR(pg_catalog.=) r.ctid
                    AND x.key OPERATOR(pg_catalog.=) k AND x.scope OPERATOR(pg_catalog.=) sc
                    FOR UPDATE NOWAIT;
             EXCEPTION WHEN lock_not_available THEN
@@ -195,7 +221,7 @@ BEGIN
         -- Changed under us (completed, taken over, forgotten): decide again on the latest row.
         CONTINUE WHEN NOT FOUND OR r.status OPERATOR(pg_catalog.<>) 'pending'
                    OR (r.token IS NOT NULL AND r.expires_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp());
-        IF r.attempts OPERATOR(pg_catalog.>=) max_attempts THEN
+        IF r.attempts OPERATOR(pg_catalog.>=) st.max_attempts THEN
             UPDATE idempotency.records x
                SET status = 'failed', updated_at = pg_catalog.clock_timestamp(), expires_at = NULL,
                    error = pg_catalog.jsonb_build_object('error', 'max_attempts_exceeded', 'attempts', x.attempts,
@@ -210,8 +236,8 @@ BEGIN
                attempts = x.attempts OPERATOR(pg_catalog.+) 1, fingerprint = coalesce(x.fingerprint, fp),
                updated_at = pg_catalog.clock_timestamp(), expires_at = pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) ttl
          WHERE x.key OPERATOR(pg_catalog.=) k AND x.scope OPERATOR(pg_catalog.=) sc
-        RETURNING x.token, x.attempts, x.expires_at, x.tableoid, x.ctid INTO token, attempts, expires_at, at_part, at_ctid;
-        PERFORM idempotency.remember_claim(at_part, at_ctid);
+        RETURNING x.token, x.attempts, x.expires_at, x.ctid, x.tableoid INTO token, attempts, expires_at, at_ctid, at_part;
+        saved := idempotency.remember_claim(token, at_ctid, at_part);
         outcome := 'claimed';
         RETURN;
     END LOOP;
@@ -227,26 +253,90 @@ CREATE FUNCTION idem_claim(key text, ttl interval DEFAULT NULL, scope text DEFAU
 RETURNS TABLE (outcome text, token bigint, attempts integer, payload jsonb, expires_at timestamptz)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    s idempotency.settings := idempotency.config();
+    ver bigint := idempotency.fast_version(true, true, false);
+    ok boolean;
+    st idempotency.call_state;
     t interval;
-    w record;
+    conflicted boolean;
+    elsewhere boolean;
+    remembered text;
+    at_ctid tid;
+    at_part oid;
+    c record;
 BEGIN
-    PERFORM idempotency.check_writable('idem_claim');
-    PERFORM idempotency.check_ident('key', idem_claim.key, s.max_key_bytes);
-    PERFORM idempotency.check_ident('scope', idem_claim.scope, s.max_key_bytes);
-    PERFORM idempotency.authorize('scope', idem_claim.scope, s);
-    t := idempotency.check_ttl(idem_claim.ttl, s);
-    PERFORM idempotency.check_fingerprint(idem_claim.fingerprint, s.max_key_bytes);
+    -- The common case (idempotency.fast_version): arguments within the limits (key and scope not empty and
+    -- without control characters: one pattern over both, joined by one), no record of the key outside the
+    -- write partition, and the new row written there. The state comes from idempotency.cached_state, folded
+    -- into each statement's plan. The write returns what the claim answers, remembers the claim, and says
+    -- whether sealed_upto still matches the constants it planned with and those of the first test.
+    IF ver OPERATOR(pg_catalog.>=) 0 AND idem_claim.wait
+       AND GREATEST(pg_catalog.octet_length(idem_claim.key), pg_catalog.octet_length(idem_claim.scope),
+                    pg_catalog.octet_length(idem_claim.fingerprint)) OPERATOR(pg_catalog.<=) (idempotency.cached_state()).max_key_bytes
+       AND pg_catalog.concat(idem_claim.key, E'\u0001', idem_claim.scope)
+           OPERATOR(pg_catalog.~) '^[^\u0001-\u001f\u007f-\u009f]+\u0001[^\u0001-\u001f\u007f-\u009f]+$'
+       AND (CASE WHEN idem_claim.ttl IS NULL THEN (idempotency.cached_state()).lease_ttl_ok
+                 ELSE idem_claim.ttl OPERATOR(pg_catalog.>) '0'::interval
+                      AND idem_claim.ttl OPERATOR(pg_catalog.<=) (idempotency.cached_state()).max_lease_ttl END) THEN
+        IF (idempotency.cached_state()).grants_enforced THEN
+            PERFORM idempotency.authorize_enforced('scope', idem_claim.scope);
+        END IF;
+        IF (idempotency.cached_state()).probe_before OR (idempotency.cached_state()).probe_ahead THEN
+            PERFORM FROM idempotency.records x
+             WHERE x.key OPERATOR(pg_catalog.=) idem_claim.key AND x.scope OPERATOR(pg_catalog.=) idem_claim.scope
+               AND (x.created_at OPERATOR(pg_catalog.<) (idempotency.cached_state()).w_from
+                    OR ((idempotency.cached_state()).probe_ahead AND x.created_at OPERATOR(pg_catalog.>=) (idempotency.cached_state()).w_to));
+            elsewhere := FOUND;   -- (a duplicate: claim_one decides)
+        END IF;
+        IF elsewhere IS NOT TRUE THEN
+            INSERT INTO idempotency.records AS x (scope, key, status, token, attempts, fingerprint,
+                                                  created_at, updated_at, expires_at)
+            VALUES (idem_claim.scope, idem_claim.key, 'pending', pg_catalog.nextval('idempotency.token_seq'), 1,
+                    idem_claim.fingerprint,
+                    LEAST(GREATEST(pg_catalog.now(), (idempotency.cached_state()).w_from),
+                          (idempotency.cached_state()).w_to OPERATOR(pg_catalog.-) '1 microsecond'::interval),
+                    pg_catalog.clock_timestamp(),
+                    pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) coalesce(idem_claim.ttl, (idempotency.cached_state()).lease_ttl))
+            ON CONFLICT DO NOTHING
+            RETURNING 'claimed', x.token, x.attempts, x.expires_at, x.ctid, x.tableoid,
+                      idempotency.remember_claim(x.token, x.ctid, x.tableoid),
+                      pg_catalog.pg_sequence_last_value('idempotency.sealed_upto'::pg_catalog.regclass)
+                          OPERATOR(pg_catalog.=) (idempotency.cached_state()).upto
+                      AND (idempotency.cached_state()).upto OPERATOR(pg_catalog.=) ver
+                 INTO outcome, idem_claim.token, idem_claim.attempts, idem_claim.expires_at, at_ctid, at_part, remembered, ok;
+            IF ok THEN
+                RETURN NEXT;
+                RETURN;
+            END IF;
+            conflicted := ok IS NULL;   -- the key is in the write partition: claim_one reads it
+            IF NOT conflicted THEN
+                -- A seal (or another change of the state) while this ran: the row may be where later claims of
+                -- the key do not look. Deleted; claimed again the long way.
+                DELETE FROM idempotency.records x
+                 WHERE x.tableoid OPERATOR(pg_catalog.=) at_part AND x.ctid OPERATOR(pg_catalog.=) at_ctid;
+            END IF;
+        END IF;
+    END IF;
+    -- The long way: the state from idempotency.call_state, every argument checked in the native extension's
+    -- order, the claim in idempotency.claim_one.
+    st := idempotency.call_state('idem_claim', true);
+    PERFORM idempotency.check_key_scope(idem_claim.key, idem_claim.scope, st.max_key_bytes);
+    IF st.grants_enforced THEN
+        PERFORM idempotency.authorize_enforced('scope', idem_claim.scope);
+    END IF;
+    t := idempotency.check_ttl(idem_claim.ttl, st.lease_ttl, st.max_lease_ttl);
+    PERFORM idempotency.check_fingerprint(idem_claim.fingerprint, st.max_key_bytes);
     PERFORM idempotency.check_required('wait', idem_claim.wait);
-    w := idempotency.write_partition();
-    RETURN QUERY SELECT c.outcome, c.token, c.attempts, c.payload, c.expires_at
-      FROM idempotency.claim_one(idem_claim.key, idem_claim.scope, t, idem_claim.fingerprint, idem_claim.wait,
-                                 s.max_attempts, w.range_from, w.range_to) c;
+    LOOP
+        c := idempotency.claim_one(idem_claim.key, idem_claim.scope, t, idem_claim.fingerprint, idem_claim.wait, st,
+                                   coalesce(conflicted, false));
+        EXIT WHEN c.outcome OPERATOR(pg_catalog.<>) 'retry';
+        st := idempotency.call_state('idem_claim', true);
+        conflicted := false;
+    END LOOP;
+    outcome := c.outcome; token := c.token; attempts := c.attempts; payload := c.payload; expires_at := c.expires_at;
+    RETURN NEXT;
 END
 $$;
-GRANT EXECUTE ON FUNCTION idem_claim(text, interval, text, text, boolean) TO idempotency_consumer;
-COMMENT ON FUNCTION idem_claim(text, interval, text, text, boolean) IS
-'Claims (scope, key) for processing. outcome: claimed (you own it; token is your fencing token), completed (payload replays the stored result), in_progress (another holder''s lease is live), failed (terminal; payload is the stored error), mismatch (same key, different fingerprint). ttl NULL = idempotency.lease_ttl.';
 
 -- The row of a key the caller holds, locked: 55006 / 55000 / P0002 as the native extension decides.
 CREATE FUNCTION idempotency.held_row(k text, sc text, given bigint,
@@ -290,28 +380,57 @@ CREATE FUNCTION idem_complete(key text, payload jsonb DEFAULT NULL, scope text D
 RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    s idempotency.settings := idempotency.config();
+    m text;
+    st idempotency.call_state;
     h record;
-    at record;
 BEGIN
-    PERFORM idempotency.check_writable('idem_complete');
-    PERFORM idempotency.check_ident('key', idem_complete.key, s.max_key_bytes);
-    PERFORM idempotency.check_ident('scope', idem_complete.scope, s.max_key_bytes);
-    PERFORM idempotency.authorize('scope', idem_complete.scope, s);
-    PERFORM idempotency.check_document('payload', idem_complete.payload, s.max_payload_bytes);
-    PERFORM idempotency.check_token(idem_complete.token);
-    -- The common case in one statement: the caller holds the lease (by its token, or as the transaction that
-    -- claimed), first at the address of this transaction's last claim. Otherwise held_row finds out why not,
-    -- and raises.
-    at := idempotency.remembered_claim();
-    IF at.part IS NOT NULL THEN
+    -- The common case in one statement: the key's pending row in the write partition, held by the given token
+    -- or, without one, by this transaction's last claim (idempotency.remember_claim). The limits and the
+    -- write partition as in idem_claim's common case (idempotency.fast_version: READ COMMITTED only).
+    IF idempotency.fast_version(false, false, true) OPERATOR(pg_catalog.>=) 0
+       AND GREATEST(pg_catalog.octet_length(idem_complete.key), pg_catalog.octet_length(idem_complete.scope))
+           OPERATOR(pg_catalog.<=) (idempotency.cached_state()).max_key_bytes
+       AND pg_catalog.concat(idem_complete.key, E'\u0001', idem_complete.scope)
+           OPERATOR(pg_catalog.~) '^[^\u0001-\u001f\u007f-\u009f]+\u0001[^\u0001-\u001f\u007f-\u009f]+$'
+       -- (a payload whose stored size is plainly under the limit passes unmeasured; a compressed one is measured)
+       AND (idem_complete.payload IS NULL
+            OR (pg_catalog.pg_column_compression(idem_complete.payload) IS NULL
+                AND pg_catalog.pg_column_size(idem_complete.payload) OPERATOR(pg_catalog.<) (idempotency.cached_state()).max_payload_bytes_4)) THEN
+        IF (idempotency.cached_state()).grants_enforced THEN
+            PERFORM idempotency.authorize_enforced('scope', idem_complete.scope);
+        END IF;
+        -- (A token that is not positive matches no row; the long way then says why.)
         UPDATE idempotency.records x
            SET status = 'completed', payload = idem_complete.payload, updated_at = pg_catalog.clock_timestamp(), expires_at = NULL
-         WHERE x.tableoid OPERATOR(pg_catalog.=) at.part AND x.ctid OPERATOR(pg_catalog.=) at.row_ctid
+         WHERE x.created_at OPERATOR(pg_catalog.>=) (idempotency.cached_state()).w_from
+           AND x.created_at OPERATOR(pg_catalog.<) (idempotency.cached_state()).w_to
            AND x.key OPERATOR(pg_catalog.=) idem_complete.key AND x.scope OPERATOR(pg_catalog.=) idem_complete.scope
-           AND x.status OPERATOR(pg_catalog.=) 'pending' AND x.token IS NOT NULL
-           AND CASE WHEN idem_complete.token IS NULL THEN idempotency.written_here(x.xmin)
-                    ELSE x.token OPERATOR(pg_catalog.=) idem_complete.token END;
+           AND x.status OPERATOR(pg_catalog.=) 'pending'
+           AND x.token::text OPERATOR(pg_catalog.=) coalesce(idem_complete.token::text,
+               pg_catalog.split_part(pg_catalog.current_setting('idempotency_edition.claimed_row', true), ' ', 1));
+        IF FOUND THEN
+            RETURN;
+        END IF;
+    END IF;
+    -- The long way: every argument checked in the native extension's order, the remembered claim looked for
+    -- in every partition (by address: under SERIALIZABLE that takes no predicate lock on an index page),
+    -- then the key's pending row, then what held_row says is wrong.
+    st := idempotency.call_state('idem_complete', false);
+    PERFORM idempotency.check_key_scope(idem_complete.key, idem_complete.scope, st.max_key_bytes);
+    IF st.grants_enforced THEN
+        PERFORM idempotency.authorize_enforced('scope', idem_complete.scope);
+    END IF;
+    PERFORM idempotency.check_document('payload', idem_complete.payload, st.max_payload_bytes);
+    PERFORM idempotency.check_token(idem_complete.token);
+    m := pg_catalog.current_setting('idempotency_edition.claimed_row', true);
+    IF m OPERATOR(pg_catalog.~) '^[0-9]{1,18} \([0-9]{1,9},[0-9]{1,4}\) [0-9]{1,10}$' THEN
+        UPDATE idempotency.records x
+           SET status = 'completed', payload = idem_complete.payload, updated_at = pg_catalog.clock_timestamp(), expires_at = NULL
+         WHERE x.tableoid OPERATOR(pg_catalog.=) pg_catalog.split_part(m, ' ', 3)::oid
+           AND x.ctid OPERATOR(pg_catalog.=) pg_catalog.split_part(m, ' ', 2)::tid
+           AND x.key OPERATOR(pg_catalog.=) idem_complete.key AND x.scope OPERATOR(pg_catalog.=) idem_complete.scope
+           AND x.status OPERATOR(pg_catalog.=) 'pending'
+           AND x.token OPERATOR(pg_catalog.=) coalesce(idem_complete.token, pg_catalog.split_part(m, ' ', 1)::bigint);
         IF FOUND THEN
             RETURN;
         END IF;
@@ -331,9 +450,6 @@ BEGIN
      WHERE x.tableoid OPERATOR(pg_catalog.=) h.part AND x.ctid OPERATOR(pg_catalog.=) h.row_ctid;
 END
 $$;
-GRANT EXECUTE ON FUNCTION idem_complete(text, jsonb, text, bigint) TO idempotency_consumer;
-COMMENT ON FUNCTION idem_complete(text, jsonb, text, bigint) IS
-'Marks a claimed key completed and stores payload for replay. token may be NULL only in the transaction that claimed. Errors: P0002 unknown key, 55000 already terminal, 55006 lease lost.';
 
 CREATE FUNCTION idem_fail(key text, error jsonb DEFAULT NULL, retryable boolean DEFAULT true,
                           scope text DEFAULT 'default', token bigint DEFAULT NULL)
@@ -364,9 +480,6 @@ BEGIN
     RETURN 'failed';
 END
 $$;
-GRANT EXECUTE ON FUNCTION idem_fail(text, jsonb, boolean, text, bigint) TO idempotency_consumer;
-COMMENT ON FUNCTION idem_fail(text, jsonb, boolean, text, bigint) IS
-'Records a failed attempt. retryable: releases the key for another claim and returns released, or returns failed once idempotency.max_attempts is reached. Not retryable: terminal at once, returns failed.';
 
 CREATE FUNCTION idem_heartbeat(key text, ttl interval DEFAULT NULL, scope text DEFAULT 'default', token bigint DEFAULT NULL)
 RETURNS timestamptz
@@ -381,7 +494,7 @@ BEGIN
     PERFORM idempotency.check_ident('key', idem_heartbeat.key, s.max_key_bytes);
     PERFORM idempotency.check_ident('scope', idem_heartbeat.scope, s.max_key_bytes);
     PERFORM idempotency.authorize('scope', idem_heartbeat.scope, s);
-    t := idempotency.check_ttl(idem_heartbeat.ttl, s);
+    t := idempotency.check_ttl(idem_heartbeat.ttl, s.lease_ttl, s.max_lease_ttl);
     PERFORM idempotency.check_token(idem_heartbeat.token);
     h := idempotency.held_row(idem_heartbeat.key, idem_heartbeat.scope, idem_heartbeat.token);
     UPDATE idempotency.records x
@@ -391,7 +504,4 @@ BEGIN
     RETURN e;
 END
 $$;
-GRANT EXECUTE ON FUNCTION idem_heartbeat(text, interval, text, bigint) TO idempotency_consumer;
-COMMENT ON FUNCTION idem_heartbeat(text, interval, text, bigint) IS
-'Extends the caller''s lease to now + ttl and returns the new expires_at. 55006 if the lease was lost.';
 

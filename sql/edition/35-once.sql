@@ -1,20 +1,38 @@
 -- The SQL edition: idem_once (and the one-key step idem_once_batch shares) and idem_status. New keys meet in
 -- the write partition's unique index, as in 30-keys.sql.
 
--- One once-key, for idem_once and idem_once_batch: true when new (written completed).
-CREATE FUNCTION idempotency.once_one(k text, sc text, w_from timestamptz, w_to timestamptz) RETURNS boolean
-LANGUAGE plpgsql AS $$
+-- One once-key, the long way (idem_once outside its common case, idem_once_batch's keys that met a row): st
+-- is the caller's idempotency.call_state. true when new (written completed), false when seen before, NULL when
+-- the write partition was sealed under the write (READ COMMITTED; nothing written): the caller tries again.
+CREATE FUNCTION idempotency.once_one(k text, sc text, st idempotency.call_state) RETURNS boolean
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+DECLARE
+    at_ctid tid;
+    at_part oid;
 BEGIN
-    IF EXISTS (SELECT FROM idempotency.records x
-                WHERE x.key OPERATOR(pg_catalog.=) k AND x.scope OPERATOR(pg_catalog.=) sc
-                  AND (x.created_at OPERATOR(pg_catalog.<) w_from OR x.created_at OPERATOR(pg_catalog.>=) w_to)) THEN
+    IF (st.probe_before OR st.probe_ahead)
+       AND EXISTS (SELECT FROM idempotency.records x
+                    WHERE x.key OPERATOR(pg_catalog.=) k AND x.scope OPERATOR(pg_catalog.=) sc
+                      AND (x.created_at OPERATOR(pg_catalog.<) st.w_from
+                           OR (st.probe_ahead AND x.created_at OPERATOR(pg_catalog.>=) st.w_to))) THEN
         RETURN false;
     END IF;
-    PERFORM idempotency.check_seals_visible(k, sc);
-    INSERT INTO idempotency.records (scope, key, status, attempts, created_at, updated_at)
-    VALUES (sc, k, 'completed', 1, idempotency.created_at(w_from, w_to), pg_catalog.now())
-    ON CONFLICT DO NOTHING;
+    IF st.stale_seal THEN
+        PERFORM idempotency.seal_conflict(k, sc);
+    END IF;
+    INSERT INTO idempotency.records AS x (scope, key, status, attempts, created_at, updated_at)
+    VALUES (sc, k, 'completed', 1,
+            LEAST(GREATEST(pg_catalog.now(), st.w_from), st.w_to OPERATOR(pg_catalog.-) '1 microsecond'::interval),
+            pg_catalog.now())
+    ON CONFLICT DO NOTHING
+    RETURNING x.ctid, x.tableoid INTO at_ctid, at_part;
     IF FOUND THEN
+        IF pg_catalog.pg_sequence_last_value('idempotency.sealed_upto'::pg_catalog.regclass) OPERATOR(pg_catalog.>=) st.w_to_us
+           AND idempotency.sealed_under(st, k, sc) THEN
+            DELETE FROM idempotency.records x
+             WHERE x.tableoid OPERATOR(pg_catalog.=) at_part AND x.ctid OPERATOR(pg_catalog.=) at_ctid;
+            RETURN NULL;
+        END IF;
         RETURN true;
     END IF;
     -- The key was there: it was read, not written. Under SERIALIZABLE, read its row as a query does (ON
@@ -22,7 +40,7 @@ BEGIN
     IF pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'serializable' THEN
         PERFORM FROM idempotency.records x
          WHERE x.key OPERATOR(pg_catalog.=) k AND x.scope OPERATOR(pg_catalog.=) sc
-           AND x.created_at OPERATOR(pg_catalog.>=) w_from AND x.created_at OPERATOR(pg_catalog.<) w_to;
+           AND x.created_at OPERATOR(pg_catalog.>=) st.w_from AND x.created_at OPERATOR(pg_catalog.<) st.w_to;
     END IF;
     RETURN false;
 END
@@ -31,20 +49,65 @@ $$;
 CREATE FUNCTION idem_once(key text, scope text DEFAULT 'default') RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    s idempotency.settings := idempotency.config();
-    w record;
+    ver bigint := idempotency.fast_version(true, false, false);
+    ok boolean;
+    at_ctid tid;
+    at_part oid;
+    st idempotency.call_state;
+    fresh boolean;
 BEGIN
-    PERFORM idempotency.check_writable('idem_once');
-    PERFORM idempotency.check_ident('key', idem_once.key, s.max_key_bytes);
-    PERFORM idempotency.check_ident('scope', idem_once.scope, s.max_key_bytes);
-    PERFORM idempotency.authorize('scope', idem_once.scope, s);
-    w := idempotency.write_partition();
-    RETURN idempotency.once_one(idem_once.key, idem_once.scope, w.range_from, w.range_to);
+    -- The common case, as idem_claim's (idempotency.fast_version): the key looked for outside the write
+    -- partition only where a partition can hold it, then written there.
+    IF ver OPERATOR(pg_catalog.>=) 0
+       AND GREATEST(pg_catalog.octet_length(idem_once.key), pg_catalog.octet_length(idem_once.scope))
+           OPERATOR(pg_catalog.<=) (idempotency.cached_state()).max_key_bytes
+       AND pg_catalog.concat(idem_once.key, E'\u0001', idem_once.scope)
+           OPERATOR(pg_catalog.~) '^[^\u0001-\u001f\u007f-\u009f]+\u0001[^\u0001-\u001f\u007f-\u009f]+$' THEN
+        IF (idempotency.cached_state()).grants_enforced THEN
+            PERFORM idempotency.authorize_enforced('scope', idem_once.scope);
+        END IF;
+        IF (idempotency.cached_state()).probe_before OR (idempotency.cached_state()).probe_ahead THEN
+            PERFORM FROM idempotency.records x
+             WHERE x.key OPERATOR(pg_catalog.=) idem_once.key AND x.scope OPERATOR(pg_catalog.=) idem_once.scope
+               AND (x.created_at OPERATOR(pg_catalog.<) (idempotency.cached_state()).w_from
+                    OR ((idempotency.cached_state()).probe_ahead AND x.created_at OPERATOR(pg_catalog.>=) (idempotency.cached_state()).w_to));
+            IF FOUND THEN
+                RETURN false;
+            END IF;
+        END IF;
+        INSERT INTO idempotency.records AS x (scope, key, status, attempts, created_at, updated_at)
+        VALUES (idem_once.scope, idem_once.key, 'completed', 1,
+                LEAST(GREATEST(pg_catalog.now(), (idempotency.cached_state()).w_from),
+                      (idempotency.cached_state()).w_to OPERATOR(pg_catalog.-) '1 microsecond'::interval),
+                pg_catalog.now())
+        ON CONFLICT DO NOTHING
+        RETURNING x.ctid, x.tableoid,
+                  pg_catalog.pg_sequence_last_value('idempotency.sealed_upto'::pg_catalog.regclass)
+                      OPERATOR(pg_catalog.=) (idempotency.cached_state()).upto
+                  AND (idempotency.cached_state()).upto OPERATOR(pg_catalog.=) ver
+             INTO at_ctid, at_part, ok;
+        IF ok THEN
+            RETURN true;
+        ELSIF ok IS NULL THEN
+            RETURN false;   -- the key was there
+        END IF;
+        -- A seal (or another change of the state) while this ran: written again the long way.
+        DELETE FROM idempotency.records x
+         WHERE x.tableoid OPERATOR(pg_catalog.=) at_part AND x.ctid OPERATOR(pg_catalog.=) at_ctid;
+    END IF;
+    st := idempotency.call_state('idem_once', true);
+    PERFORM idempotency.check_key_scope(idem_once.key, idem_once.scope, st.max_key_bytes);
+    IF st.grants_enforced THEN
+        PERFORM idempotency.authorize_enforced('scope', idem_once.scope);
+    END IF;
+    LOOP
+        fresh := idempotency.once_one(idem_once.key, idem_once.scope, st);
+        EXIT WHEN fresh IS NOT NULL;
+        st := idempotency.call_state('idem_once', true);
+    END LOOP;
+    RETURN fresh;
 END
 $$;
-GRANT EXECUTE ON FUNCTION idem_once(text, text) TO idempotency_consumer;
-COMMENT ON FUNCTION idem_once(text, text) IS
-'True exactly once per (scope, key) over all committed transactions; records the key as completed in the caller''s transaction.';
 
 CREATE FUNCTION idem_status(key text, scope text DEFAULT 'default')
 RETURNS TABLE (status text, attempts integer, token bigint, payload jsonb, error jsonb,
@@ -61,6 +124,3 @@ BEGIN
                   WHERE x.key OPERATOR(pg_catalog.=) idem_status.key AND x.scope OPERATOR(pg_catalog.=) idem_status.scope;
 END
 $$;
-GRANT EXECUTE ON FUNCTION idem_status(text, text) TO idempotency_consumer;
-COMMENT ON FUNCTION idem_status(text, text) IS
-'The stored record of (scope, key): status, attempts, token, payload, error and timestamps; no row if unknown.';

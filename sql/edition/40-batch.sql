@@ -43,15 +43,19 @@ CREATE TYPE idempotency.claim_answer AS (key text, outcome text, token bigint, a
 
 CREATE FUNCTION idem_claim_batch(keys text[], ttl interval DEFAULT NULL, scope text DEFAULT 'default')
 RETURNS TABLE (key text, outcome text, token bigint, attempts integer, payload jsonb, expires_at timestamptz)
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     s idempotency.settings := idempotency.config();
     size integer;
     t interval;
-    w record;
+    st idempotency.call_state;
     c record;
     k text;
     answers idempotency.claim_answer[];
+    parts oid[];
+    ctids tid[];
+    tokens bigint[];
+    iver bigint;
 BEGIN
     PERFORM idempotency.check_writable('idem_claim_batch');
     -- The size first, from the argument as it came: an array passed on in a query (check_keys) is copied.
@@ -62,34 +66,71 @@ BEGIN
     PERFORM idempotency.check_keys(idem_claim_batch.keys, s);
     PERFORM idempotency.check_ident('scope', idem_claim_batch.scope, s.max_key_bytes);
     PERFORM idempotency.authorize('scope', idem_claim_batch.scope, s);
-    t := idempotency.check_ttl(idem_claim_batch.ttl, s);
-    w := idempotency.write_partition();
-    PERFORM idempotency.check_seals_visible('(batch)', idem_claim_batch.scope);
-    -- The keys no sealed partition holds, written at once, in key order.
-    WITH fresh AS (
-        SELECT DISTINCT u.k FROM pg_catalog.unnest(idem_claim_batch.keys) AS u(k)
-         WHERE NOT EXISTS (SELECT FROM idempotency.records x
-                            WHERE x.key OPERATOR(pg_catalog.=) u.k AND x.scope OPERATOR(pg_catalog.=) idem_claim_batch.scope
-                              AND (x.created_at OPERATOR(pg_catalog.<) w.range_from OR x.created_at OPERATOR(pg_catalog.>=) w.range_to))),
-    written AS (
-        INSERT INTO idempotency.records AS x (scope, key, status, token, attempts, created_at, updated_at, expires_at)
-        SELECT idem_claim_batch.scope, f.k, 'pending', pg_catalog.nextval('idempotency.token_seq'), 1,
-               idempotency.created_at(w.range_from, w.range_to), pg_catalog.clock_timestamp(),
-               pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) t
-          FROM fresh f ORDER BY f.k
-        ON CONFLICT DO NOTHING
-        RETURNING x.key, x.token, x.attempts, x.expires_at)
-    SELECT pg_catalog.array_agg(ROW(wr.key, 'claimed', wr.token, wr.attempts, NULL, wr.expires_at)::idempotency.claim_answer)
-      INTO answers FROM written wr;
+    t := idempotency.check_ttl(idem_claim_batch.ttl, s.lease_ttl, s.max_lease_ttl);
+    st := idempotency.call_state(NULL, true);
+    IF st.stale_seal THEN
+        PERFORM idempotency.seal_conflict('(batch)', idem_claim_batch.scope);
+    END IF;
+    -- The keys no other partition holds, written at once, in key order, when the state's constants
+    -- (idempotency.cached_state, folded into the statement's plan) are current; the write says the version
+    -- it planned with, checked against sealed_upto after it (as idem_claim's). Otherwise, or when a seal
+    -- moved past the write partition meanwhile (the rows deleted), every key goes the long way below.
+    IF st.upto OPERATOR(pg_catalog.=) (idempotency.cached_state()).upto THEN
+        WITH fresh AS (
+            SELECT DISTINCT u.k FROM pg_catalog.unnest(idem_claim_batch.keys) AS u(k)
+             WHERE NOT ((idempotency.cached_state()).probe_before OR (idempotency.cached_state()).probe_ahead)
+                OR NOT EXISTS (SELECT FROM idempotency.records x
+                                WHERE x.key OPERATOR(pg_catalog.=) u.k AND x.scope OPERATOR(pg_catalog.=) idem_claim_batch.scope
+                                  AND (x.created_at OPERATOR(pg_catalog.<) (idempotency.cached_state()).w_from
+                                       OR ((idempotency.cached_state()).probe_ahead
+                                           AND x.created_at OPERATOR(pg_catalog.>=) (idempotency.cached_state()).w_to)))),
+        written AS (
+            INSERT INTO idempotency.records AS x (scope, key, status, token, attempts, created_at, updated_at, expires_at)
+            SELECT idem_claim_batch.scope, f.k, 'pending', pg_catalog.nextval('idempotency.token_seq'), 1,
+                   LEAST(GREATEST(pg_catalog.now(), (idempotency.cached_state()).w_from),
+                         (idempotency.cached_state()).w_to OPERATOR(pg_catalog.-) '1 microsecond'::interval),
+                   pg_catalog.clock_timestamp(), pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) t
+              FROM fresh f ORDER BY f.k
+            ON CONFLICT DO NOTHING
+            RETURNING x.key, x.token, x.attempts, x.expires_at, x.tableoid, x.ctid)
+        SELECT pg_catalog.array_agg(ROW(wr.key, 'claimed', wr.token, wr.attempts, NULL, wr.expires_at)::idempotency.claim_answer),
+               pg_catalog.array_agg(wr.tableoid), pg_catalog.array_agg(wr.ctid), pg_catalog.array_agg(wr.token),
+               (idempotency.cached_state()).upto
+          INTO answers, parts, ctids, tokens, iver FROM written wr;
+        IF answers IS NOT NULL
+           AND (iver OPERATOR(pg_catalog.<>) st.upto
+                OR pg_catalog.pg_sequence_last_value('idempotency.sealed_upto'::pg_catalog.regclass) OPERATOR(pg_catalog.<>) iver) THEN
+            PERFORM idempotency.seal_conflict('(batch)', idem_claim_batch.scope)
+              WHERE pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed';
+            DELETE FROM idempotency.records x USING pg_catalog.unnest(parts, ctids) AS d(part, row_ctid)
+             WHERE x.tableoid OPERATOR(pg_catalog.=) d.part AND x.ctid OPERATOR(pg_catalog.=) d.row_ctid;
+            answers := NULL; tokens := NULL;
+            st := idempotency.call_state(NULL, true);
+        END IF;
+    END IF;
     answers := coalesce(answers, '{}');
     -- The others, one by one in key order: what the single claim answers.
     FOR k IN SELECT DISTINCT u.k FROM pg_catalog.unnest(idem_claim_batch.keys) AS u(k)
               WHERE NOT EXISTS (SELECT FROM pg_catalog.unnest(answers) a WHERE a.key OPERATOR(pg_catalog.=) u.k)
               ORDER BY u.k LOOP
-        c := idempotency.claim_one(k, idem_claim_batch.scope, t, NULL, true, s.max_attempts, w.range_from, w.range_to);
+        LOOP
+            c := idempotency.claim_one(k, idem_claim_batch.scope, t, NULL, true, st, false);
+            EXIT WHEN c.outcome OPERATOR(pg_catalog.<>) 'retry';
+            st := idempotency.call_state(NULL, true);
+        END LOOP;
         answers := answers OPERATOR(pg_catalog.||)
                    ROW(k, c.outcome, c.token, c.attempts, c.payload, c.expires_at)::idempotency.claim_answer;
+        IF c.outcome OPERATOR(pg_catalog.=) 'claimed' THEN
+            tokens := tokens OPERATOR(pg_catalog.||) c.token;
+        END IF;
     END LOOP;
+    -- The tokens of this call's claims, for idem_complete_batch without tokens in this transaction (see
+    -- idempotency.remember_claim; a rolled-back subtransaction undoes it, as it undoes the claims).
+    IF tokens IS NOT NULL THEN
+        PERFORM pg_catalog.set_config('idempotency_edition.claimed_batch',
+            pg_catalog.concat_ws(',', NULLIF(pg_catalog.current_setting('idempotency_edition.claimed_batch', true), ''),
+                                 pg_catalog.array_to_string(tokens, ',')), true);
+    END IF;
     -- In input order; a repeated key gets its first occurrence's answer, but only the first owns a claim.
     RETURN QUERY
     SELECT u.k,
@@ -102,21 +143,19 @@ BEGIN
      ORDER BY u.i;
 END
 $$;
-GRANT EXECUTE ON FUNCTION idem_claim_batch(text[], interval, text) TO idempotency_consumer;
-COMMENT ON FUNCTION idem_claim_batch(text[], interval, text) IS
-'Claims many keys of one scope in one call (one broker poll); one row per input key, in input order, with the same outcomes as idem_claim. Keys are locked in sorted order.';
 
 CREATE FUNCTION idem_complete_batch(keys text[], payloads jsonb[] DEFAULT NULL, scope text DEFAULT 'default',
                                     tokens bigint[] DEFAULT NULL)
 RETURNS integer
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     s idempotency.settings := idempotency.config();
     size integer;
     n integer := coalesce(pg_catalog.cardinality(idem_complete_batch.keys), 0);
     one record;
     h record;
-    done integer := 0;
+    done integer;
+    done_keys text[];
 BEGIN
     PERFORM idempotency.check_writable('idem_complete_batch');
     -- The size first, from the argument as it came: an array passed on in a query (check_keys) is copied.
@@ -135,36 +174,67 @@ BEGIN
             RAISE EXCEPTION 'idempotency: payloads has % elements but keys has %', coalesce(pg_catalog.cardinality(payloads), 0), n
                 USING ERRCODE = '22023';
         END IF;
-        PERFORM idempotency.check_document('payload', p, s.max_payload_bytes) FROM pg_catalog.unnest(payloads) AS u(p);
+        IF EXISTS (SELECT FROM pg_catalog.unnest(payloads) AS u(p)
+                    WHERE pg_catalog.pg_column_compression(u.p) IS NOT NULL
+                       OR pg_catalog.pg_column_size(u.p) OPERATOR(pg_catalog.>=) (s.max_payload_bytes OPERATOR(pg_catalog.-) 4)) THEN
+            PERFORM idempotency.check_document('payload', p, s.max_payload_bytes) FROM pg_catalog.unnest(payloads) AS u(p);
+        END IF;
     END IF;
     IF tokens IS NOT NULL THEN
         IF coalesce(pg_catalog.cardinality(tokens), 0) OPERATOR(pg_catalog.<>) n THEN
             RAISE EXCEPTION 'idempotency: tokens has % elements but keys has %', coalesce(pg_catalog.cardinality(tokens), 0), n
                 USING ERRCODE = '22023';
         END IF;
-        PERFORM idempotency.check_token(t) FROM pg_catalog.unnest(tokens) AS u(t);
+        IF EXISTS (SELECT FROM pg_catalog.unnest(tokens) AS u(t) WHERE u.t OPERATOR(pg_catalog.<=) 0) THEN
+            PERFORM idempotency.check_token(t) FROM pg_catalog.unnest(tokens) AS u(t);
+        END IF;
     END IF;
-    FOR one IN SELECT v.k, v.i FROM pg_catalog.unnest(idem_complete_batch.keys) WITH ORDINALITY AS v(k, i) ORDER BY v.k LOOP
-        h := idempotency.held_row(one.k, idem_complete_batch.scope, tokens[one.i]);
+    -- The keys held in the write partition in one statement: by the given token, or, without one, by a claim
+    -- of this transaction (the tokens idem_claim_batch and idem_claim remember). The others key by key, in
+    -- key order: held_row finds them, or says why not.
+    WITH updated AS (
         UPDATE idempotency.records x
-           SET status = 'completed', payload = payloads[one.i], updated_at = pg_catalog.clock_timestamp(), expires_at = NULL
-         WHERE x.tableoid OPERATOR(pg_catalog.=) h.part AND x.ctid OPERATOR(pg_catalog.=) h.row_ctid;
-        done := done OPERATOR(pg_catalog.+) 1;
-    END LOOP;
+           SET status = 'completed', payload = idem_complete_batch.payloads[v.i], updated_at = pg_catalog.clock_timestamp(),
+               expires_at = NULL
+          FROM pg_catalog.unnest(idem_complete_batch.keys) WITH ORDINALITY AS v(k, i)
+         WHERE x.created_at OPERATOR(pg_catalog.>=) (idempotency.cached_state()).w_from
+           AND x.created_at OPERATOR(pg_catalog.<) (idempotency.cached_state()).w_to
+           AND x.key OPERATOR(pg_catalog.=) v.k AND x.scope OPERATOR(pg_catalog.=) idem_complete_batch.scope
+           AND x.status OPERATOR(pg_catalog.=) 'pending'
+           AND x.token::text OPERATOR(pg_catalog.=) ANY (
+               CASE WHEN idem_complete_batch.tokens[v.i] IS NOT NULL THEN ARRAY[idem_complete_batch.tokens[v.i]::text]
+                    ELSE pg_catalog.string_to_array(pg_catalog.concat_ws(',',
+                             pg_catalog.current_setting('idempotency_edition.claimed_batch', true),
+                             pg_catalog.split_part(pg_catalog.current_setting('idempotency_edition.claimed_row', true), ' ', 1)), ',') END)
+        RETURNING x.key)
+    SELECT pg_catalog.count(*)::integer, pg_catalog.array_agg(u.key) INTO done, done_keys FROM updated u;
+    IF done OPERATOR(pg_catalog.<) n THEN
+        FOR one IN SELECT v.k, v.i FROM pg_catalog.unnest(idem_complete_batch.keys) WITH ORDINALITY AS v(k, i)
+                    WHERE NOT v.k OPERATOR(pg_catalog.=) ANY (coalesce(done_keys, '{}')) ORDER BY v.k LOOP
+            h := idempotency.held_row(one.k, idem_complete_batch.scope, tokens[one.i]);
+            UPDATE idempotency.records x
+               SET status = 'completed', payload = payloads[one.i], updated_at = pg_catalog.clock_timestamp(), expires_at = NULL
+             WHERE x.tableoid OPERATOR(pg_catalog.=) h.part AND x.ctid OPERATOR(pg_catalog.=) h.row_ctid;
+            done := done OPERATOR(pg_catalog.+) 1;
+        END LOOP;
+    END IF;
     RETURN done;
 END
 $$;
-GRANT EXECUTE ON FUNCTION idem_complete_batch(text[], jsonb[], text, bigint[]) TO idempotency_consumer;
-COMMENT ON FUNCTION idem_complete_batch(text[], jsonb[], text, bigint[]) IS
-'Completes many claimed keys; payloads and tokens, when given, pair with keys by position. All or nothing; returns the number completed.';
 
 CREATE FUNCTION idem_once_batch(keys text[], scope text DEFAULT 'default') RETURNS SETOF text
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     s idempotency.settings := idempotency.config();
     size integer;
-    w record;
+    st idempotency.call_state;
     fresh text[];
+    parts oid[];
+    ctids tid[];
+    iver bigint;
+    slow boolean := true;
+    k text;
+    one boolean;
 BEGIN
     PERFORM idempotency.check_writable('idem_once_batch');
     -- The size first, from the argument as it came: an array passed on in a query (check_keys) is copied.
@@ -175,25 +245,63 @@ BEGIN
     PERFORM idempotency.check_keys(idem_once_batch.keys, s);
     PERFORM idempotency.check_ident('scope', idem_once_batch.scope, s.max_key_bytes);
     PERFORM idempotency.authorize('scope', idem_once_batch.scope, s);
-    w := idempotency.write_partition();
-    PERFORM idempotency.check_seals_visible('(batch)', idem_once_batch.scope);
-    WITH written AS (
-        INSERT INTO idempotency.records AS x (scope, key, status, attempts, created_at, updated_at)
-        SELECT idem_once_batch.scope, d.k, 'completed', 1, idempotency.created_at(w.range_from, w.range_to), pg_catalog.now()
-          FROM (SELECT DISTINCT u.k FROM pg_catalog.unnest(idem_once_batch.keys) AS u(k)) d
-         WHERE NOT EXISTS (SELECT FROM idempotency.records o
-                            WHERE o.key OPERATOR(pg_catalog.=) d.k AND o.scope OPERATOR(pg_catalog.=) idem_once_batch.scope
-                              AND (o.created_at OPERATOR(pg_catalog.<) w.range_from OR o.created_at OPERATOR(pg_catalog.>=) w.range_to))
-         ORDER BY d.k
-        ON CONFLICT DO NOTHING
-        RETURNING x.key)
-    SELECT pg_catalog.array_agg(wr.key) INTO fresh FROM written wr;
+    st := idempotency.call_state(NULL, true);
+    IF st.stale_seal THEN
+        PERFORM idempotency.seal_conflict('(batch)', idem_once_batch.scope);
+    END IF;
+    -- As idem_claim_batch: the new keys in one write with the state's constants when they are current, else
+    -- (or when a seal moved past the write partition meanwhile) key by key the long way (idempotency.once_one).
+    IF st.upto OPERATOR(pg_catalog.=) (idempotency.cached_state()).upto THEN
+        WITH written AS (
+            INSERT INTO idempotency.records AS x (scope, key, status, attempts, created_at, updated_at)
+            SELECT idem_once_batch.scope, d.k, 'completed', 1,
+                   LEAST(GREATEST(pg_catalog.now(), (idempotency.cached_state()).w_from),
+                         (idempotency.cached_state()).w_to OPERATOR(pg_catalog.-) '1 microsecond'::interval),
+                   pg_catalog.now()
+              FROM (SELECT DISTINCT u.k FROM pg_catalog.unnest(idem_once_batch.keys) AS u(k)) d
+             WHERE NOT ((idempotency.cached_state()).probe_before OR (idempotency.cached_state()).probe_ahead)
+                OR NOT EXISTS (SELECT FROM idempotency.records o
+                                WHERE o.key OPERATOR(pg_catalog.=) d.k AND o.scope OPERATOR(pg_catalog.=) idem_once_batch.scope
+                                  AND (o.created_at OPERATOR(pg_catalog.<) (idempotency.cached_state()).w_from
+                                       OR ((idempotency.cached_state()).probe_ahead
+                                           AND o.created_at OPERATOR(pg_catalog.>=) (idempotency.cached_state()).w_to)))
+             ORDER BY d.k
+            ON CONFLICT DO NOTHING
+            RETURNING x.key, x.tableoid, x.ctid)
+        SELECT pg_catalog.array_agg(wr.key), pg_catalog.array_agg(wr.tableoid), pg_catalog.array_agg(wr.ctid),
+               (idempotency.cached_state()).upto
+          INTO fresh, parts, ctids, iver FROM written wr;
+        IF fresh IS NULL
+           OR (iver OPERATOR(pg_catalog.=) st.upto
+               AND pg_catalog.pg_sequence_last_value('idempotency.sealed_upto'::pg_catalog.regclass) OPERATOR(pg_catalog.=) iver) THEN
+            slow := false;
+        ELSE
+            PERFORM idempotency.seal_conflict('(batch)', idem_once_batch.scope)
+              WHERE pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed';
+            DELETE FROM idempotency.records x USING pg_catalog.unnest(parts, ctids) AS d(part, row_ctid)
+             WHERE x.tableoid OPERATOR(pg_catalog.=) d.part AND x.ctid OPERATOR(pg_catalog.=) d.row_ctid;
+            fresh := NULL;
+            st := idempotency.call_state(NULL, true);
+        END IF;
+    END IF;
+    IF slow THEN
+        FOR k IN SELECT DISTINCT u.k FROM pg_catalog.unnest(idem_once_batch.keys) AS u(k) ORDER BY u.k LOOP
+            LOOP
+                one := idempotency.once_one(k, idem_once_batch.scope, st);
+                EXIT WHEN one IS NOT NULL;
+                st := idempotency.call_state(NULL, true);
+            END LOOP;
+            IF one THEN
+                fresh := fresh OPERATOR(pg_catalog.||) k;
+            END IF;
+        END LOOP;
+    END IF;
     -- Keys that were there were read, not written: under SERIALIZABLE, read them as a query does (see
     -- idempotency.once_one).
     IF pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'serializable' THEN
         PERFORM FROM idempotency.records x
          WHERE x.scope OPERATOR(pg_catalog.=) idem_once_batch.scope AND x.key OPERATOR(pg_catalog.=) ANY (idem_once_batch.keys)
-           AND x.created_at OPERATOR(pg_catalog.>=) w.range_from AND x.created_at OPERATOR(pg_catalog.<) w.range_to;
+           AND x.created_at OPERATOR(pg_catalog.>=) st.w_from AND x.created_at OPERATOR(pg_catalog.<) st.w_to;
     END IF;
     RETURN QUERY
     SELECT v.k FROM (SELECT u.k, pg_catalog.min(u.i) AS i
@@ -203,6 +311,3 @@ BEGIN
      ORDER BY v.i;
 END
 $$;
-GRANT EXECUTE ON FUNCTION idem_once_batch(text[], text) TO idempotency_consumer;
-COMMENT ON FUNCTION idem_once_batch(text[], text) IS
-'The keys of the batch seen for the first time over all committed transactions, each once, in input order; records them as completed.';

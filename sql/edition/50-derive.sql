@@ -271,9 +271,6 @@ END
 $do$;
 
 REVOKE ALL ON FUNCTION idem_key(pg_catalog.uuid, pg_catalog.text[]) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION idem_key(pg_catalog.uuid, pg_catalog.text[]) TO idempotency_consumer;
-COMMENT ON FUNCTION idem_key(pg_catalog.uuid, pg_catalog.text[]) IS
-'A key derived from a message''s identifying parts: the version-5 UUID of namespace and the parts (each as <UTF-8 length>:<bytes>;), as text. The client libraries compute the same value.';
 
 CREATE FUNCTION idem_fingerprint(document pg_catalog.jsonb, VARIADIC paths pg_catalog.text[] DEFAULT '{}')
 RETURNS pg_catalog.text
@@ -357,6 +354,3 @@ END
 $$;
 
 REVOKE ALL ON FUNCTION idem_fingerprint(pg_catalog.jsonb, pg_catalog.text[]) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION idem_fingerprint(pg_catalog.jsonb, pg_catalog.text[]) TO idempotency_consumer;
-COMMENT ON FUNCTION idem_fingerprint(pg_catalog.jsonb, pg_catalog.text[]) IS
-'A request fingerprint for idem_claim: hex SHA-256 of the RFC 8785 canonical JSON of the document, or of an object mapping each given JSON Pointer to its value (null when absent). The client libraries compute the same value.';

@@ -112,9 +112,6 @@ BEGIN
 END
 $$;
 REVOKE ALL ON FUNCTION idem_record_offset(text, text, integer, bigint, bigint) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION idem_record_offset(text, text, integer, bigint, bigint) TO idempotency_consumer;
-COMMENT ON FUNCTION idem_record_offset(text, text, integer, bigint, bigint) IS
-'Stores processed_offset + 1 as the next offset of (consumer_group, topic, partition) in the caller''s transaction. False when processed_offset is not beyond the stored position (a duplicate). 55006 when generation is older than the stored one.';
 
 CREATE FUNCTION idem_next_offset(consumer_group text, topic text, partition integer)
 RETURNS bigint
@@ -133,9 +130,6 @@ BEGIN
 END
 $$;
 REVOKE ALL ON FUNCTION idem_next_offset(text, text, integer) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION idem_next_offset(text, text, integer) TO idempotency_consumer;
-COMMENT ON FUNCTION idem_next_offset(text, text, integer) IS
-'Where to seek on restart: last processed offset + 1, or NULL when nothing is stored.';
 
 -- The checks of idem_offsets (a LANGUAGE sql function: PL/pgSQL refuses its argument topic, named as its
 -- result column topic).
@@ -163,9 +157,6 @@ SELECT o.topic::text, o.partition, o.next_offset, o.generation, o.updated_at
  ORDER BY o.topic, o.partition;
 $$;
 REVOKE ALL ON FUNCTION idem_offsets(text, text) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION idem_offsets(text, text) TO idempotency_consumer;
-COMMENT ON FUNCTION idem_offsets(text, text) IS
-'Stored positions of a consumer group (optionally one topic), for the startup seek.';
 
 -- For the edition's owner (the DBA): not granted to idempotency_consumer nor idempotency_admin, as in the
 -- native extension, where it stays with the superuser.
@@ -200,5 +191,3 @@ BEGIN
 END
 $$;
 REVOKE ALL ON FUNCTION idem_reset_offset(text, text, integer, bigint, bigint) FROM PUBLIC;
-COMMENT ON FUNCTION idem_reset_offset(text, text, integer, bigint, bigint) IS
-'Sets the next offset of (consumer_group, topic, partition), backwards or forwards, and, when generation is given, the stored generation (lower or higher: a zombie''s huge generation is undone here). For DBAs; not granted to idempotency_consumer.';

@@ -1,74 +1,7 @@
--- The SQL edition: what a DBA does by hand and what a DBA and a monitoring system read. Scope and
--- consumer-group grants (the native extension's sql/grants.sql, without its trigger: here
--- idempotency.authorize reads idempotency.scope_grants at each call), dead letters and keys (redrive,
--- forget: src/storage/admin.rs); observability: 80-observe.sql.
-
--------------------------------------------------------------------------------------------------------------
--- Scope and consumer-group grants
--------------------------------------------------------------------------------------------------------------
-
-CREATE FUNCTION idempotency.grant_pattern(grantee regrole, kind text, pattern text, revoke boolean)
-RETURNS boolean
-LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-    done boolean;
-BEGIN
-    IF grantee IS NULL OR pattern IS NULL THEN
-        RAISE EXCEPTION 'idempotency: role and % must not be NULL', kind USING ERRCODE = 'null_value_not_allowed';
-    END IF;
-    IF pattern OPERATOR(pg_catalog.=) '' THEN
-        RAISE EXCEPTION 'idempotency: % must not be empty', kind
-            USING ERRCODE = 'invalid_parameter_value', HINT = 'Grant ''*'' for every name.';
-    END IF;
-    IF revoke THEN
-        DELETE FROM idempotency.scope_grants g
-         WHERE g.role OPERATOR(pg_catalog.=) grantee
-           AND g.kind OPERATOR(pg_catalog.=) grant_pattern.kind
-           AND g.pattern OPERATOR(pg_catalog.=) grant_pattern.pattern;
-    ELSE
-        INSERT INTO idempotency.scope_grants (role, kind, pattern)
-        VALUES (grantee, grant_pattern.kind, grant_pattern.pattern)
-        ON CONFLICT DO NOTHING;
-    END IF;
-    GET DIAGNOSTICS done = ROW_COUNT;
-    RETURN done;
-END
-$$;
-REVOKE ALL ON FUNCTION idempotency.grant_pattern(regrole, text, text, boolean) FROM PUBLIC;
-COMMENT ON FUNCTION idempotency.grant_pattern(regrole, text, text, boolean) IS
-'What idem_grant_scope, idem_revoke_scope, idem_grant_group and idem_revoke_group do.';
-
-CREATE FUNCTION idem_grant_scope(role regrole, scope text) RETURNS boolean
-LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-AS $$ SELECT idempotency.grant_pattern(role, 'scope', scope, false) $$;
-REVOKE ALL ON FUNCTION idem_grant_scope(regrole, text) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION idem_grant_scope(regrole, text) TO idempotency_admin;
-COMMENT ON FUNCTION idem_grant_scope(regrole, text) IS
-'Lets members of role call with scope (a name, or a prefix followed by *). Once any scope is granted, a consumer without a grant gets 42501 from every call with a scope (idempotency.require_scope_grants enforces it before the first grant). True when the grant is new. For idempotency_admin.';
-
-CREATE FUNCTION idem_revoke_scope(role regrole, scope text) RETURNS boolean
-LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-AS $$ SELECT idempotency.grant_pattern(role, 'scope', scope, true) $$;
-REVOKE ALL ON FUNCTION idem_revoke_scope(regrole, text) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION idem_revoke_scope(regrole, text) TO idempotency_admin;
-COMMENT ON FUNCTION idem_revoke_scope(regrole, text) IS
-'Takes back a grant of idem_grant_scope (the same role and pattern); true when there was one. For idempotency_admin.';
-
-CREATE FUNCTION idem_grant_group(role regrole, consumer_group text) RETURNS boolean
-LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-AS $$ SELECT idempotency.grant_pattern(role, 'group', consumer_group, false) $$;
-REVOKE ALL ON FUNCTION idem_grant_group(regrole, text) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION idem_grant_group(regrole, text) TO idempotency_admin;
-COMMENT ON FUNCTION idem_grant_group(regrole, text) IS
-'Lets members of role record and read the offsets of consumer_group (a name, or a prefix followed by *). Once any group is granted, a consumer without a grant gets 42501 from the offset calls of other groups. True when the grant is new. For idempotency_admin.';
-
-CREATE FUNCTION idem_revoke_group(role regrole, consumer_group text) RETURNS boolean
-LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
-AS $$ SELECT idempotency.grant_pattern(role, 'group', consumer_group, true) $$;
-REVOKE ALL ON FUNCTION idem_revoke_group(regrole, text) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION idem_revoke_group(regrole, text) TO idempotency_admin;
-COMMENT ON FUNCTION idem_revoke_group(regrole, text) IS
-'Takes back a grant of idem_grant_group (the same role and pattern); true when there was one. For idempotency_admin.';
+-- The SQL edition: what a DBA does by hand. Dead letters and keys (redrive, forget: src/storage/admin.rs).
+-- Scope and consumer-group grants are the native extension's functions of sql/grants.sql, named in the
+-- manifest (its table is in 00-storage.sql, without the trigger: here idempotency.authorize reads
+-- idempotency.scope_grants at each call); observability: 80-observe.sql.
 
 -------------------------------------------------------------------------------------------------------------
 -- Dead letters and keys by hand. Each locks the key's row (SELECT ... FOR UPDATE) before deciding, as every
@@ -156,9 +89,6 @@ BEGIN
 END
 $$;
 REVOKE ALL ON FUNCTION idem_redrive(text, text) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION idem_redrive(text, text) TO idempotency_admin;
-COMMENT ON FUNCTION idem_redrive(text, text) IS
-'Makes a failed (dead-letter) key claimable again: released, attempts counted from zero, error kept. False when the key is not failed; P0002 when unknown. Takes the key lock. For idempotency_admin.';
 
 CREATE FUNCTION idem_redrive_scope(scope text, failed_since timestamptz DEFAULT NULL, max_keys integer DEFAULT 1000)
 RETURNS bigint
@@ -198,9 +128,6 @@ BEGIN
 END
 $$;
 REVOKE ALL ON FUNCTION idem_redrive_scope(text, timestamptz, integer) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION idem_redrive_scope(text, timestamptz, integer) TO idempotency_admin;
-COMMENT ON FUNCTION idem_redrive_scope(text, timestamptz, integer) IS
-'Redrives up to max_keys failed keys of a scope (failed since failed_since, when given), in key order; returns how many. Call again until 0. Holds each key''s lock until commit. For idempotency_admin.';
 
 CREATE FUNCTION idem_forget(key text, scope text DEFAULT 'default') RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -219,8 +146,5 @@ BEGIN
 END
 $$;
 REVOKE ALL ON FUNCTION idem_forget(text, text) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION idem_forget(text, text) TO idempotency_admin;
-COMMENT ON FUNCTION idem_forget(text, text) IS
-'Deletes a key''s record whatever its state, so that it is processed again from scratch; false when unknown. A holder of its lease then gets P0002. Takes the key lock. For idempotency_admin.';
 
 -------------------------------------------------------------------------------------------------------------

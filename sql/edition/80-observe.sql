@@ -1,4 +1,6 @@
--- The SQL edition: what a DBA and a monitoring system read (sql/observe.sql, src/api/observe.rs).
+-- The SQL edition: what a DBA and a monitoring system read (sql/observe.sql, src/api/observe.rs). The views
+-- idempotency.stats, in_flight and dead_letters and idem_stats() are the native extension's, from
+-- sql/observe.sql (the manifest names them), over the functions here.
 
 -- Observability. No shared memory in this edition, so no counters: idempotency.stats has no row and
 -- idem_stats() shows zeros with enabled false (a NOTICE says why, as the native extension does without its
@@ -22,9 +24,6 @@ BEGIN
 END
 $$;
 REVOKE ALL ON FUNCTION idempotency.scope_stats() FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION idempotency.scope_stats() TO idempotency_admin, pg_monitor;
-COMMENT ON FUNCTION idempotency.scope_stats() IS
-'The counters behind idempotency.stats, per scope, in the order of its columns (lock waits in microseconds).';
 
 CREATE FUNCTION idempotency.stats_totals()
 RETURNS TABLE (counts bigint[], scopes bigint, enabled boolean, stats_reset timestamptz)
@@ -32,9 +31,6 @@ LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS 
     SELECT pg_catalog.array_fill(0::bigint, ARRAY[17]), 0::bigint, false, NULL::timestamptz
 $$;
 REVOKE ALL ON FUNCTION idempotency.stats_totals() FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION idempotency.stats_totals() TO idempotency_admin, pg_monitor;
-COMMENT ON FUNCTION idempotency.stats_totals() IS
-'The counters behind idem_stats(), added up over the scopes of this database.';
 
 -- The last maintenance round (idem_maintenance()), how many ran and failed, the last error: no row before
 -- the first round.
@@ -49,54 +45,6 @@ LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS 
         OR m.last_round_at IS NOT NULL
 $$;
 REVOKE ALL ON FUNCTION idempotency.maintenance_state() FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION idempotency.maintenance_state() TO idempotency_admin, pg_monitor;
-COMMENT ON FUNCTION idempotency.maintenance_state() IS
-'The last maintenance round of this database since the server started (worker or idem_maintenance()), how many ran and failed, the last error. Empty without the library preloaded.';
-
-CREATE VIEW idempotency.stats AS
-SELECT s.scope,
-       s.counts[1]  AS claims,
-       s.counts[2]  AS claimed_new,
-       s.counts[3]  AS takeovers,
-       s.counts[4]  AS retries,
-       s.counts[5]  AS answered_completed,
-       s.counts[6]  AS answered_in_progress,
-       s.counts[7]  AS answered_failed,
-       s.counts[8]  AS answered_mismatch,
-       s.counts[9]  AS poisoned,
-       s.counts[10] AS dead_lettered,
-       s.counts[11] AS stale_refused,
-       s.counts[12] AS serialization_failures,
-       s.counts[13] AS lock_waits,
-       s.counts[14]::pg_catalog.float8 OPERATOR(pg_catalog./) 1000.0::pg_catalog.float8 AS lock_wait_ms,
-       s.counts[15] AS completes,
-       s.counts[16] AS fails,
-       s.counts[17] AS heartbeats,
-       s.stats_reset
-  FROM idempotency.scope_stats() s;
-GRANT SELECT ON idempotency.stats TO idempotency_admin, pg_monitor;
-COMMENT ON VIEW idempotency.stats IS
-'Cumulative counters per scope of this database since stats_reset (shared memory; needs shared_preload_libraries). Counted when the calling transaction ends, committed or not. scope NULL: the scopes beyond idempotency.stats_max_scopes. claims = claimed_new + takeovers + retries + answered_*.';
-
-CREATE FUNCTION idem_stats()
-RETURNS TABLE (claims bigint, claimed_new bigint, takeovers bigint, retries bigint,
-               answered_completed bigint, answered_in_progress bigint, answered_failed bigint,
-               answered_mismatch bigint, poisoned bigint, dead_lettered bigint, stale_refused bigint,
-               serialization_failures bigint, lock_waits bigint, lock_wait_ms double precision,
-               completes bigint, fails bigint, heartbeats bigint,
-               scopes bigint, enabled boolean, stats_reset timestamptz)
-LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-SELECT t.counts[1], t.counts[2], t.counts[3], t.counts[4], t.counts[5], t.counts[6], t.counts[7],
-       t.counts[8], t.counts[9], t.counts[10], t.counts[11], t.counts[12], t.counts[13],
-       t.counts[14]::pg_catalog.float8 OPERATOR(pg_catalog./) 1000.0::pg_catalog.float8,
-       t.counts[15], t.counts[16], t.counts[17],
-       t.scopes, t.enabled, t.stats_reset
-  FROM idempotency.stats_totals() t
-$$;
-REVOKE ALL ON FUNCTION idem_stats() FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION idem_stats() TO idempotency_admin, pg_monitor;
-COMMENT ON FUNCTION idem_stats() IS
-'The counters of idempotency.stats added up over all scopes of this database, with the number of scopes, whether counting is on (library preloaded and idempotency.stats on) and the oldest stats_reset.';
 
 CREATE FUNCTION idem_stats_reset(scope text DEFAULT NULL) RETURNS timestamptz
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -106,43 +54,6 @@ BEGIN
 END
 $$;
 REVOKE ALL ON FUNCTION idem_stats_reset(text) FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION idem_stats_reset(text) TO idempotency_admin;
-COMMENT ON FUNCTION idem_stats_reset(text) IS
-'Zeroes the counters of one scope, or of all scopes of this database (NULL); returns the time of the reset. For idempotency_admin.';
-
--- Keys that are pending: held by a live lease, with an ended lease nobody took over yet, or released by a
--- retryable failure.
-CREATE VIEW idempotency.in_flight AS
-SELECT r.scope,
-       r.key,
-       CASE WHEN r.token IS NULL THEN 'released'
-            WHEN r.expires_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp() THEN 'leased'
-            ELSE 'expired' END AS state,
-       r.token,
-       r.attempts,
-       r.created_at,
-       r.updated_at,
-       r.expires_at,
-       pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) r.created_at AS age
-  FROM idempotency.records r
- WHERE r.expires_at IS NOT NULL AND r.status OPERATOR(pg_catalog.=) 'pending';
-GRANT SELECT ON idempotency.in_flight TO idempotency_admin;
-COMMENT ON VIEW idempotency.in_flight IS
-'Pending keys: state leased (live lease), expired (lease ended, not taken over yet) or released (a retryable failure, waiting for the next claim); age = now - created_at.';
-
--- Terminal failures: idem_fail(retryable => false), retryable failures past max_attempts, poison messages.
-CREATE VIEW idempotency.dead_letters AS
-SELECT r.scope,
-       r.key,
-       r.error,
-       r.attempts,
-       r.created_at,
-       r.updated_at AS failed_at
-  FROM idempotency.records r
- WHERE r.status OPERATOR(pg_catalog.=) 'failed';
-GRANT SELECT ON idempotency.dead_letters TO idempotency_admin;
-COMMENT ON VIEW idempotency.dead_letters IS
-'Terminal failures with their stored error: idem_fail(retryable => false), retries past idempotency.max_attempts, poison messages. idem_redrive makes them claimable again.';
 
 -- A health snapshot, computed now: one row per scope that has records (one row with scope NULL when none
 -- has), the database-wide figures repeated on each. Reads every retained record once. The partitions are

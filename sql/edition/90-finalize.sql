@@ -1,8 +1,9 @@
 -- The SQL edition: runs after everything else. No function of the edition is executable by PUBLIC (a
 -- function is executable by PUBLIC when it is created), then each role gets what the native extension
--- grants it (each file grants its functions beside them already; this is the one list, applied again, so
--- that a function whose grant was forgotten still gets it). The internal helpers need no grant: only the
--- edition's SECURITY DEFINER functions, which run as the owner, call them.
+-- grants it (sql/surface/, shared with the native extension, and the edition's own files grant them
+-- already; this is the one list, applied again, so that a function whose grant was forgotten still gets
+-- it). The internal helpers need no grant: only the edition's SECURITY DEFINER functions, which run as the
+-- owner, call them.
 --
 -- The public functions live where idem_claim lives: the extension's schema under pg_tle (pg_extension has a
 -- row for idempotency during CREATE EXTENSION and ALTER EXTENSION UPDATE), the first schema of search_path

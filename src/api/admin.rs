@@ -5,12 +5,8 @@ use crate::gucs;
 use crate::storage;
 use pgrx::prelude::*;
 
-pgrx::extension_sql!(
-    r#"
-GRANT EXECUTE ON FUNCTION idem_redrive(text, text) TO idempotency_admin;
-COMMENT ON FUNCTION idem_redrive(text, text) IS
-'Makes a failed (dead-letter) key claimable again: released, attempts counted from zero, error kept. False when the key is not failed; P0002 when unknown. Takes the key lock. For idempotency_admin.';
-"#,
+pgrx::extension_sql_file!(
+    "../../sql/surface/idem_redrive.sql",
     name = "idem_redrive_surface",
     requires = [idem_redrive]
 );
@@ -23,12 +19,8 @@ fn idem_redrive(key: Option<&str>, scope: default!(Option<&str>, "'default'")) -
     storage::redrive(args::key(key, scope))
 }
 
-pgrx::extension_sql!(
-    r#"
-GRANT EXECUTE ON FUNCTION idem_redrive_scope(text, timestamptz, integer) TO idempotency_admin;
-COMMENT ON FUNCTION idem_redrive_scope(text, timestamptz, integer) IS
-'Redrives up to max_keys failed keys of a scope (failed since failed_since, when given), in key order; returns how many. Call again until 0. Holds each key''s lock until commit. For idempotency_admin.';
-"#,
+pgrx::extension_sql_file!(
+    "../../sql/surface/idem_redrive_scope.sql",
     name = "idem_redrive_scope_surface",
     requires = [idem_redrive_scope]
 );
@@ -53,12 +45,8 @@ fn idem_redrive_scope(
     storage::redrive_scope(scope, failed_since.map(|t| t.into_inner()), max_keys)
 }
 
-pgrx::extension_sql!(
-    r#"
-GRANT EXECUTE ON FUNCTION idem_forget(text, text) TO idempotency_admin;
-COMMENT ON FUNCTION idem_forget(text, text) IS
-'Deletes a key''s record whatever its state, so that it is processed again from scratch; false when unknown. A holder of its lease then gets P0002. Takes the key lock. For idempotency_admin.';
-"#,
+pgrx::extension_sql_file!(
+    "../../sql/surface/idem_forget.sql",
     name = "idem_forget_surface",
     requires = [idem_forget]
 );

@@ -26,12 +26,8 @@ fn same_length(name: &str, len: usize, keys: usize) {
     }
 }
 
-pgrx::extension_sql!(
-    r#"
-GRANT EXECUTE ON FUNCTION idem_claim_batch(text[], interval, text) TO idempotency_consumer;
-COMMENT ON FUNCTION idem_claim_batch(text[], interval, text) IS
-'Claims many keys of one scope in one call (one broker poll); one row per input key, in input order, with the same outcomes as idem_claim. Keys are locked in sorted order.';
-"#,
+pgrx::extension_sql_file!(
+    "../../sql/surface/idem_claim_batch.sql",
     name = "idem_claim_batch_surface",
     requires = [idem_claim_batch]
 );
@@ -69,12 +65,8 @@ fn idem_claim_batch<'a>(
     TableIterator::new(rows)
 }
 
-pgrx::extension_sql!(
-    r#"
-GRANT EXECUTE ON FUNCTION idem_complete_batch(text[], jsonb[], text, bigint[]) TO idempotency_consumer;
-COMMENT ON FUNCTION idem_complete_batch(text[], jsonb[], text, bigint[]) IS
-'Completes many claimed keys; payloads and tokens, when given, pair with keys by position. All or nothing; returns the number completed.';
-"#,
+pgrx::extension_sql_file!(
+    "../../sql/surface/idem_complete_batch.sql",
     name = "idem_complete_batch_surface",
     requires = [idem_complete_batch]
 );
@@ -111,12 +103,8 @@ fn idem_complete_batch<'a>(
     storage::complete_batch(scope, &keys, payloads.as_ref(), &tokens) as i32
 }
 
-pgrx::extension_sql!(
-    r#"
-GRANT EXECUTE ON FUNCTION idem_once_batch(text[], text) TO idempotency_consumer;
-COMMENT ON FUNCTION idem_once_batch(text[], text) IS
-'The keys of the batch seen for the first time over all committed transactions, each once, in input order; records them as completed.';
-"#,
+pgrx::extension_sql_file!(
+    "../../sql/surface/idem_once_batch.sql",
     name = "idem_once_batch_surface",
     requires = [idem_once_batch]
 );

@@ -82,12 +82,8 @@ pub fn fingerprint(document: serde_json::Value, paths: &[&str]) -> Result<String
     Ok(Sha256::digest(&canonical).iter().map(|b| format!("{b:02x}")).collect())
 }
 
-pgrx::extension_sql!(
-    r#"
-GRANT EXECUTE ON FUNCTION idem_key(uuid, text[]) TO idempotency_consumer;
-COMMENT ON FUNCTION idem_key(uuid, text[]) IS
-'A key derived from a message''s identifying parts: the version-5 UUID of namespace and the parts (each as <UTF-8 length>:<bytes>;), as text. The client libraries compute the same value.';
-"#,
+pgrx::extension_sql_file!(
+    "../../sql/surface/idem_key.sql",
     name = "idem_key_surface",
     requires = [idem_key]
 );
@@ -103,12 +99,8 @@ fn idem_key(namespace: Option<pgrx::Uuid>, parts: Option<pgrx::VariadicArray<'_,
     key(uuid::Uuid::from_bytes(*namespace.as_bytes()), &parts)
 }
 
-pgrx::extension_sql!(
-    r#"
-GRANT EXECUTE ON FUNCTION idem_fingerprint(jsonb, text[]) TO idempotency_consumer;
-COMMENT ON FUNCTION idem_fingerprint(jsonb, text[]) IS
-'A request fingerprint for idem_claim: hex SHA-256 of the RFC 8785 canonical JSON of the document, or of an object mapping each given JSON Pointer to its value (null when absent). The client libraries compute the same value.';
-"#,
+pgrx::extension_sql_file!(
+    "../../sql/surface/idem_fingerprint.sql",
     name = "idem_fingerprint_surface",
     requires = [idem_fingerprint]
 );

@@ -14,12 +14,8 @@ fn ts(value: pg_sys::TimestampTz) -> Ts {
     Ts::try_from(value).expect("valid timestamp")
 }
 
-pgrx::extension_sql!(
-    r#"
-GRANT EXECUTE ON FUNCTION idem_claim(text, interval, text, text, boolean) TO idempotency_consumer;
-COMMENT ON FUNCTION idem_claim(text, interval, text, text, boolean) IS
-'Claims (scope, key) for processing. outcome: claimed (you own it; token is your fencing token), completed (payload replays the stored result), in_progress (another holder''s lease is live), failed (terminal; payload is the stored error), mismatch (same key, different fingerprint). ttl NULL = idempotency.lease_ttl.';
-"#,
+pgrx::extension_sql_file!(
+    "../../sql/surface/idem_claim.sql",
     name = "idem_claim_surface",
     requires = [idem_claim]
 );
@@ -56,12 +52,8 @@ fn idem_claim(
     ))
 }
 
-pgrx::extension_sql!(
-    r#"
-GRANT EXECUTE ON FUNCTION idem_complete(text, jsonb, text, bigint) TO idempotency_consumer;
-COMMENT ON FUNCTION idem_complete(text, jsonb, text, bigint) IS
-'Marks a claimed key completed and stores payload for replay. token may be NULL only in the transaction that claimed. Errors: P0002 unknown key, 55000 already terminal, 55006 lease lost.';
-"#,
+pgrx::extension_sql_file!(
+    "../../sql/surface/idem_complete.sql",
     name = "idem_complete_surface",
     requires = [idem_complete]
 );
@@ -80,12 +72,8 @@ fn idem_complete(
     storage::complete(k, payload, token);
 }
 
-pgrx::extension_sql!(
-    r#"
-GRANT EXECUTE ON FUNCTION idem_fail(text, jsonb, boolean, text, bigint) TO idempotency_consumer;
-COMMENT ON FUNCTION idem_fail(text, jsonb, boolean, text, bigint) IS
-'Records a failed attempt. retryable: releases the key for another claim and returns released, or returns failed once idempotency.max_attempts is reached. Not retryable: terminal at once, returns failed.';
-"#,
+pgrx::extension_sql_file!(
+    "../../sql/surface/idem_fail.sql",
     name = "idem_fail_surface",
     requires = [idem_fail]
 );
@@ -106,12 +94,8 @@ fn idem_fail(
     storage::fail(k, error, retryable, token).to_string()
 }
 
-pgrx::extension_sql!(
-    r#"
-GRANT EXECUTE ON FUNCTION idem_heartbeat(text, interval, text, bigint) TO idempotency_consumer;
-COMMENT ON FUNCTION idem_heartbeat(text, interval, text, bigint) IS
-'Extends the caller''s lease to now + ttl and returns the new expires_at. 55006 if the lease was lost.';
-"#,
+pgrx::extension_sql_file!(
+    "../../sql/surface/idem_heartbeat.sql",
     name = "idem_heartbeat_surface",
     requires = [idem_heartbeat]
 );
@@ -130,12 +114,8 @@ fn idem_heartbeat(
     ts(storage::heartbeat(k, ttl, token))
 }
 
-pgrx::extension_sql!(
-    r#"
-GRANT EXECUTE ON FUNCTION idem_once(text, text) TO idempotency_consumer;
-COMMENT ON FUNCTION idem_once(text, text) IS
-'True exactly once per (scope, key) over all committed transactions; records the key as completed in the caller''s transaction.';
-"#,
+pgrx::extension_sql_file!(
+    "../../sql/surface/idem_once.sql",
     name = "idem_once_surface",
     requires = [idem_once]
 );
@@ -146,12 +126,8 @@ fn idem_once(key: Option<&str>, scope: default!(Option<&str>, "'default'")) -> b
     storage::once(args::scoped_key(key, scope))
 }
 
-pgrx::extension_sql!(
-    r#"
-GRANT EXECUTE ON FUNCTION idem_status(text, text) TO idempotency_consumer;
-COMMENT ON FUNCTION idem_status(text, text) IS
-'The stored record of (scope, key): status, attempts, token, payload, error and timestamps; no row if unknown.';
-"#,
+pgrx::extension_sql_file!(
+    "../../sql/surface/idem_status.sql",
     name = "idem_status_surface",
     requires = [idem_status]
 );

@@ -42,12 +42,8 @@ fn notice_not_preloaded() {
 mod idempotency {
     use super::*;
 
-    pgrx::extension_sql!(
-        r#"
-GRANT EXECUTE ON FUNCTION idempotency.scope_stats() TO idempotency_admin, pg_monitor;
-COMMENT ON FUNCTION idempotency.scope_stats() IS
-'The counters behind idempotency.stats, per scope, in the order of its columns (lock waits in microseconds).';
-    "#,
+    pgrx::extension_sql_file!(
+        "../../sql/surface/scope_stats.sql",
         name = "scope_stats_surface",
         requires = [scope_stats]
     );
@@ -61,12 +57,8 @@ COMMENT ON FUNCTION idempotency.scope_stats() IS
         TableIterator::new(scope_rows().into_iter().map(|r| (r.scope, counts(&r.counts), ts(r.reset_at))))
     }
 
-    pgrx::extension_sql!(
-        r#"
-GRANT EXECUTE ON FUNCTION idempotency.maintenance_state() TO idempotency_admin, pg_monitor;
-COMMENT ON FUNCTION idempotency.maintenance_state() IS
-'The last maintenance round of this database since the server started (worker or idem_maintenance()), how many ran and failed, the last error. Empty without the library preloaded.';
-    "#,
+    pgrx::extension_sql_file!(
+        "../../sql/surface/maintenance_state.sql",
         name = "maintenance_state_surface",
         requires = [maintenance_state]
     );
@@ -97,12 +89,8 @@ COMMENT ON FUNCTION idempotency.maintenance_state() IS
         }))
     }
 
-    pgrx::extension_sql!(
-        r#"
-GRANT EXECUTE ON FUNCTION idempotency.stats_totals() TO idempotency_admin, pg_monitor;
-COMMENT ON FUNCTION idempotency.stats_totals() IS
-'The counters behind idem_stats(), added up over the scopes of this database.';
-    "#,
+    pgrx::extension_sql_file!(
+        "../../sql/surface/stats_totals.sql",
         name = "stats_totals_surface",
         requires = [stats_totals]
     );
@@ -126,12 +114,8 @@ COMMENT ON FUNCTION idempotency.stats_totals() IS
     }
 }
 
-pgrx::extension_sql!(
-    r#"
-GRANT EXECUTE ON FUNCTION idem_stats_reset(text) TO idempotency_admin;
-COMMENT ON FUNCTION idem_stats_reset(text) IS
-'Zeroes the counters of one scope, or of all scopes of this database (NULL); returns the time of the reset. For idempotency_admin.';
-"#,
+pgrx::extension_sql_file!(
+    "../../sql/surface/idem_stats_reset.sql",
     name = "idem_stats_reset_surface",
     requires = [idem_stats_reset]
 );

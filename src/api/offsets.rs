@@ -23,12 +23,8 @@ fn non_negative(name: &str, value: Option<i64>) -> Option<i64> {
     value
 }
 
-pgrx::extension_sql!(
-    r#"
-GRANT EXECUTE ON FUNCTION idem_record_offset(text, text, integer, bigint, bigint) TO idempotency_consumer;
-COMMENT ON FUNCTION idem_record_offset(text, text, integer, bigint, bigint) IS
-'Stores processed_offset + 1 as the next offset of (consumer_group, topic, partition) in the caller''s transaction. False when processed_offset is not beyond the stored position (a duplicate). 55006 when generation is older than the stored one.';
-"#,
+pgrx::extension_sql_file!(
+    "../../sql/surface/idem_record_offset.sql",
     name = "idem_record_offset_surface",
     requires = [idem_record_offset]
 );
@@ -48,12 +44,8 @@ fn idem_record_offset(
     storage::record_offset(p, processed, generation)
 }
 
-pgrx::extension_sql!(
-    r#"
-GRANT EXECUTE ON FUNCTION idem_next_offset(text, text, integer) TO idempotency_consumer;
-COMMENT ON FUNCTION idem_next_offset(text, text, integer) IS
-'Where to seek on restart: last processed offset + 1, or NULL when nothing is stored.';
-"#,
+pgrx::extension_sql_file!(
+    "../../sql/surface/idem_next_offset.sql",
     name = "idem_next_offset_surface",
     requires = [idem_next_offset]
 );
@@ -67,12 +59,8 @@ fn idem_next_offset(
     storage::next_offset(position(consumer_group, topic, partition))
 }
 
-pgrx::extension_sql!(
-    r#"
-GRANT EXECUTE ON FUNCTION idem_offsets(text, text) TO idempotency_consumer;
-COMMENT ON FUNCTION idem_offsets(text, text) IS
-'Stored positions of a consumer group (optionally one topic), for the startup seek.';
-"#,
+pgrx::extension_sql_file!(
+    "../../sql/surface/idem_offsets.sql",
     name = "idem_offsets_surface",
     requires = [idem_offsets]
 );
@@ -104,11 +92,8 @@ fn idem_offsets(
     }))
 }
 
-pgrx::extension_sql!(
-    r#"
-COMMENT ON FUNCTION idem_reset_offset(text, text, integer, bigint, bigint) IS
-'Sets the next offset of (consumer_group, topic, partition), backwards or forwards, and, when generation is given, the stored generation (lower or higher: a zombie''s huge generation is undone here). For DBAs; not granted to idempotency_consumer.';
-"#,
+pgrx::extension_sql_file!(
+    "../../sql/surface/idem_reset_offset.sql",
     name = "idem_reset_offset_surface",
     requires = [idem_reset_offset]
 );

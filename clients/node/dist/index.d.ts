@@ -1,24 +1,15 @@
 import type { PoolClient } from "pg";
-import type { Claim, ClaimOptions, Connectable, GuardResult, Lease, Queryable } from "./types.js";
-import { ClaimRefusedError, FailedError, HandlerError } from "./errors.js";
+import type { ClaimOptions, Connectable, GuardResult, Lease, Queryable } from "./types.js";
+import { FailedError, HandlerError } from "./errors.js";
 export * from "./types.js";
 export { IdempotencyError, ClaimRefusedError, InProgressError, FailedError, MismatchError, LeaseLostError, HandlerError, PermanentError, permanent, sqlState, isRetryable, isTerminal, } from "./errors.js";
+export { claim, refusal, leaseOf, complete, fail, heartbeat, errorPayload, keepAlive } from "./calls.js";
+export type { KeepAlive } from "./calls.js";
+export { idempotency, idempotencyOf } from "./http.js";
+export type { HttpIdempotency, HttpMode, HttpOptions, Route } from "./http.js";
+export { KeyFieldError, MAX_KEY_LENGTH, parseKey, pathMatches, problem, replayedResponse, requestFingerprint, storedResponse } from "./httpwire.js";
+export type { StoredResponse } from "./httpwire.js";
 export * from "./derive.js";
-/** idem_claim. The outcome is returned as is (see refusal() for the error of a refused claim). */
-export declare function claim(db: Queryable, key: string, opts?: ClaimOptions): Promise<Claim>;
-/** The error of a refused claim (in_progress, failed, mismatch), null for claimed and completed. */
-export declare function refusal(c: Claim): ClaimRefusedError | null;
-export declare function leaseOf(c: Claim): Lease;
-/** idem_complete with the lease's token (none for a claim of this transaction). */
-export declare function complete(db: Queryable, lease: Lease, result?: unknown): Promise<void>;
-/** idem_fail: "released" (another attempt may claim the key) or "failed" (terminal). */
-export declare function fail(db: Queryable, lease: Lease, error: unknown, retryable?: boolean): Promise<"released" | "failed">;
-/** idem_heartbeat: extends the lease, returns its new end. */
-export declare function heartbeat(db: Queryable, lease: Lease, ttlMs?: number): Promise<Date>;
-/** How a failure is stored: {"error": message}. */
-export declare function errorPayload(err: unknown): {
-    error: string;
-};
 export type Isolation = "read committed" | "repeatable read" | "serializable";
 export interface TransactionOptions {
     isolation?: Isolation;

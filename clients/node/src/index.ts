@@ -15,95 +15,24 @@
 // is pg's error). isRetryable() recognizes serialization failures and deadlocks (40001, 40P01), which
 // withTransaction() and guard() retry.
 import type { PoolClient } from "pg";
-import type { Claim, ClaimOptions, Connectable, GuardResult, Lease, Outcome, Queryable } from "./types.js";
-import { DEFAULT_SCOPE } from "./types.js";
-import {
-  ClaimRefusedError, FailedError, HandlerError, InProgressError, LeaseLostError, MismatchError, PermanentError,
-  isRetryable, isTerminal, permanent, sqlState, withHeartbeatError,
-} from "./errors.js";
+import type { ClaimOptions, Connectable, GuardResult, Lease, Queryable } from "./types.js";
+import { ClaimRefusedError, FailedError, HandlerError, PermanentError, isRetryable, isTerminal,
+         withHeartbeatError } from "./errors.js";
+import { claim, complete, errorPayload, fail, keepAlive, leaseOf, refusal } from "./calls.js";
 
 export * from "./types.js";
 export {
   IdempotencyError, ClaimRefusedError, InProgressError, FailedError, MismatchError, LeaseLostError, HandlerError,
   PermanentError, permanent, sqlState, isRetryable, isTerminal,
 } from "./errors.js";
+export { claim, refusal, leaseOf, complete, fail, heartbeat, errorPayload, keepAlive } from "./calls.js";
+export type { KeepAlive } from "./calls.js";
+export { idempotency, idempotencyOf } from "./http.js";
+export type { HttpIdempotency, HttpMode, HttpOptions, Route } from "./http.js";
+export { KeyFieldError, MAX_KEY_LENGTH, parseKey, pathMatches, problem, replayedResponse, requestFingerprint,
+         storedResponse } from "./httpwire.js";
+export type { StoredResponse } from "./httpwire.js";
 export * from "./derive.js";
-
-// ------------------------------------------------------------------------------------------------
-// The SQL calls
-
-const scopeOf = (s?: string) => s || DEFAULT_SCOPE;
-const ttlArg = (ms?: number) => (ms === undefined || ms === null ? null : ms);
-const jsonArg = (v: unknown) => (v === undefined || v === null ? null : JSON.stringify(v));
-
-function leaseError(op: string, lease: Lease, err: unknown): unknown {
-  return sqlState(err) === "55006" ? new LeaseLostError(op, lease, err) : err;
-}
-
-/** idem_claim. The outcome is returned as is (see refusal() for the error of a refused claim). */
-export async function claim(db: Queryable, key: string, opts: ClaimOptions = {}): Promise<Claim> {
-  const scope = scopeOf(opts.scope);
-  const { rows: [r] } = await db.query(
-    `SELECT outcome, token::text AS token, attempts, payload, expires_at
-       FROM idem_claim($1, ttl => $2::float8 * interval '1 millisecond', scope => $3, fingerprint => $4,
-                       wait => $5)`,
-    [key, ttlArg(opts.ttlMs), scope, opts.fingerprint ?? null, opts.wait ?? true]);
-  return { key, scope, outcome: r.outcome, token: r.token, attempts: r.attempts ?? 0,
-           payload: r.payload, expiresAt: r.expires_at };
-}
-
-/** The error of a refused claim (in_progress, failed, mismatch), null for claimed and completed. */
-export function refusal(c: Claim): ClaimRefusedError | null {
-  switch (c.outcome) {
-    case "claimed": case "completed": return null;
-    case "in_progress": return new InProgressError(c);
-    case "failed": return new FailedError(c);
-    case "mismatch": return new MismatchError(c);
-    default: return new ClaimRefusedError(c);
-  }
-}
-
-export function leaseOf(c: Claim): Lease {
-  return { key: c.key, scope: c.scope, token: c.token };
-}
-
-/** idem_complete with the lease's token (none for a claim of this transaction). */
-export async function complete(db: Queryable, lease: Lease, result?: unknown): Promise<void> {
-  try {
-    await db.query("SELECT idem_complete($1, $2::jsonb, $3, $4::bigint)",
-                   [lease.key, jsonArg(result), scopeOf(lease.scope), lease.token]);
-  } catch (err) {
-    throw leaseError("idem_complete", lease, err);
-  }
-}
-
-/** idem_fail: "released" (another attempt may claim the key) or "failed" (terminal). */
-export async function fail(db: Queryable, lease: Lease, error: unknown, retryable = true): Promise<"released" | "failed"> {
-  try {
-    const { rows: [r] } = await db.query("SELECT idem_fail($1, $2::jsonb, $3, $4, $5::bigint) AS outcome",
-                                         [lease.key, jsonArg(error), retryable, scopeOf(lease.scope), lease.token]);
-    return r.outcome;
-  } catch (err) {
-    throw leaseError("idem_fail", lease, err);
-  }
-}
-
-/** idem_heartbeat: extends the lease, returns its new end. */
-export async function heartbeat(db: Queryable, lease: Lease, ttlMs?: number): Promise<Date> {
-  try {
-    const { rows: [r] } = await db.query(
-      "SELECT idem_heartbeat($1, $2::float8 * interval '1 millisecond', $3, $4::bigint) AS until",
-      [lease.key, ttlArg(ttlMs), scopeOf(lease.scope), lease.token]);
-    return r.until;
-  } catch (err) {
-    throw leaseError("idem_heartbeat", lease, err);
-  }
-}
-
-/** How a failure is stored: {"error": message}. */
-export function errorPayload(err: unknown): { error: string } {
-  return { error: (err as Error)?.message ?? String(err) };
-}
 
 // ------------------------------------------------------------------------------------------------
 // Transactions
@@ -284,43 +213,17 @@ export async function withLease<T>(db: Queryable, key: string, handler: LeaseHan
   if (refused) throw refused;
   const lease = leaseOf(c);
 
-  const abort = new AbortController();
-  let lost: LeaseLostError | null = null;
-  let heartbeatError: unknown = undefined; // the last failed heartbeat, undefined after a successful one
-  let stopped = false;
-  let timer: NodeJS.Timeout | null = null;
-  let inFlight: Promise<void> = Promise.resolve();
-  const every = opts.heartbeatMs ?? ttlMs / 3;
-  const beat = () => {
-    timer = null;
-    if (stopped) return;
-    inFlight = heartbeat(db, lease, ttlMs).then(() => { heartbeatError = undefined; }, (err) => {
-      if (err instanceof LeaseLostError) {
-        lost = withHeartbeatError(err, heartbeatError) as LeaseLostError;
-        abort.abort(lost);
-        return;
-      }
-      heartbeatError = err;
-      opts.onHeartbeatError?.(err);
-    }).finally(() => {
-      if (!stopped && !lost) timer = setTimeout(beat, every);
-    });
-  };
-  if (every > 0) timer = setTimeout(beat, every);
-
+  const ka = keepAlive(db, lease, ttlMs, opts.heartbeatMs ?? ttlMs / 3, opts.onHeartbeatError);
   let result: T;
   let herr: unknown = undefined;
   let threw = false;
   try {
-    result = await handler(lease, abort.signal);
+    result = await handler(lease, ka.signal);
   } catch (err) {
     threw = true;
     herr = err;
-  } finally {
-    stopped = true;
-    if (timer) clearTimeout(timer);
-    await inFlight;
   }
+  const { lost, heartbeatError } = await ka.stop();
   if (lost) throw lost;
   if (!threw) {
     try {

@@ -83,3 +83,37 @@ def status(conn, key, scope):
 
 def count(conn, table):
     return conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+
+
+def _http_server(cluster, tmp_path_factory, index, framework):
+    from http_server import TABLES, Server
+
+    with cluster.connect(DB) as c:
+        c.execute(TABLES)
+    s = Server(cluster, DB, pgtools.port("clients-http", index), tmp_path_factory.mktemp(f"http{index}"), framework)
+    s.start()
+    return s
+
+
+@pytest.fixture(scope="session")
+def server(cluster, tmp_path_factory):
+    """The HTTP tests' server (http_server.Server: uvicorn, FastAPI, http_app.py) on the first port of tests/ports
+    "clients-http", started once; the tests kill and restart it."""
+    s = _http_server(cluster, tmp_path_factory, 0, "fastapi")
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="session")
+def other(cluster, tmp_path_factory):
+    """A second instance of the same API, as plain Starlette, on the second port: where a retry goes while
+    the first is down, and the one that takes a key over from a frozen first."""
+    s = _http_server(cluster, tmp_path_factory, 1, "starlette")
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def db(connect):
+    """An autocommit connection to the test database."""
+    return connect()

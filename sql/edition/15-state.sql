@@ -1,0 +1,201 @@
+-- The SQL edition: what a key call reads before it works (issue 32: each extra statement, helper call or
+-- relation on a call's path costs as much as a row write). The limits in force, whether scope grants are
+-- enforced, the write partition and which other partitions a lookup must read: kept in one row,
+-- idempotency.call_cache, that the tables it is made from keep up to date (statement triggers), and checked
+-- at each call against idempotency.sealed_upto, which a seal moves before it commits.
+
+CREATE TYPE idempotency.call_state AS (
+    max_lease_ttl     interval,
+    max_attempts      integer,
+    max_key_bytes     integer,
+    max_payload_bytes integer,
+    max_batch_keys    integer,
+    lease_ttl         interval,
+    grants_enforced   boolean,       -- a scope grant exists, or require_scope_grants
+    upto              bigint,        -- idempotency.sealed_upto when the state was read
+    w_from            timestamptz,
+    w_to              timestamptz,
+    w_to_us           bigint,        -- w_to in microseconds since 1970, as idempotency.sealed_upto counts
+    probe_before      boolean,       -- a partition before the write partition exists: a new key is looked for there
+    probe_ahead       boolean,       -- a partition after it may hold rows (a move, a restore): looked for there too
+    stale_seal        boolean,       -- REPEATABLE READ / SERIALIZABLE: a seal committed after the snapshot
+    w_at_seal         boolean,       -- the write partition starts where the seals end (so it is current whatever now() is)
+    lease_ttl_ok      boolean,       -- lease_ttl is positive and within max_lease_ttl
+    max_payload_bytes_4 integer      -- max_payload_bytes - 4: a stored size under it is under the limit whatever its header
+);
+
+-- The state as the tables say it now (the partitions, the seals, the settings, the grants): the one
+-- source of idempotency.call_cache, and what a call reads when the cache does not match sealed_upto.
+CREATE FUNCTION idempotency.live_state() RETURNS idempotency.call_state
+LANGUAGE plpgsql AS $$
+DECLARE
+    st idempotency.call_state;
+BEGIN
+    -- sealed_upto is read before the partitions: a seal that moves it later is caught after the write
+    -- (idempotency.claim_one, once_one), one that moved it before is seen here.
+    st.upto := coalesce(pg_catalog.pg_sequence_last_value('idempotency.sealed_upto'::pg_catalog.regclass), 0);
+    SELECT s.max_lease_ttl, s.max_attempts, s.max_key_bytes, s.max_payload_bytes, s.max_batch_keys, s.lease_ttl,
+           s.require_scope_grants OR EXISTS (SELECT FROM idempotency.scope_grants g WHERE g.kind OPERATOR(pg_catalog.=) 'scope'),
+           w.range_from, w.range_to, (EXTRACT(epoch FROM w.range_to) OPERATOR(pg_catalog.*) 1000000)::bigint,
+           EXISTS (SELECT FROM idempotency.partition_ranges b WHERE b.range_from OPERATOR(pg_catalog.<) w.range_from),
+           EXISTS (SELECT FROM idempotency.partition_ranges a
+                    WHERE a.range_from OPERATOR(pg_catalog.>=) w.range_to AND NOT a.known_empty),
+           st.upto OPERATOR(pg_catalog.>) coalesce((SELECT (EXTRACT(epoch FROM pg_catalog.max(x.range_to)) OPERATOR(pg_catalog.*) 1000000)::bigint
+                                                      FROM idempotency.sealed x), 0),
+           st.upto OPERATOR(pg_catalog.>) 0
+             AND (EXTRACT(epoch FROM w.range_from) OPERATOR(pg_catalog.*) 1000000)::bigint OPERATOR(pg_catalog.=) st.upto
+      INTO st.max_lease_ttl, st.max_attempts, st.max_key_bytes, st.max_payload_bytes, st.max_batch_keys, st.lease_ttl,
+           st.grants_enforced, st.w_from, st.w_to, st.w_to_us, st.probe_before, st.probe_ahead, st.stale_seal, st.w_at_seal
+      FROM idempotency.settings s
+      LEFT JOIN LATERAL (
+           SELECT p.range_from, p.range_to FROM idempotency.partition_ranges p
+            WHERE p.range_from OPERATOR(pg_catalog.>=) CASE WHEN st.upto OPERATOR(pg_catalog.=) 0 THEN '-infinity'::timestamptz
+                   ELSE pg_catalog.to_timestamp(st.upto::pg_catalog.float8 OPERATOR(pg_catalog./) 1000000) END
+            ORDER BY p.range_from LIMIT 1) w ON true;
+    st.lease_ttl_ok := st.lease_ttl OPERATOR(pg_catalog.>) '0'::interval AND st.lease_ttl OPERATOR(pg_catalog.<=) st.max_lease_ttl;
+    st.max_payload_bytes_4 := st.max_payload_bytes OPERATOR(pg_catalog.-) 4;
+    RETURN st;
+END
+$$;
+
+-- The state as of the last change to its tables, as constants: a SQL function that the calls inline, so
+-- that reading it costs no table access (idempotency.write_call_cache writes it again after each change).
+-- Until then, and whenever idempotency.sealed_upto has moved since (upto -1 never matches), the calls read
+-- idempotency.live_state.
+CREATE FUNCTION idempotency.cached_state() RETURNS idempotency.call_state
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT ROW(NULL, NULL, NULL, NULL, NULL, NULL, NULL, -1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::idempotency.call_state
+$$;
+
+-- Writes idempotency.cached_state from the tables. One writer at a time, reading the tables after the
+-- previous one committed (READ COMMITTED); under REPEATABLE READ or SERIALIZABLE the snapshot may be older
+-- than the last writer's, so the state is marked out of date (upto -1) instead, and calls read the tables
+-- until the next maintenance round writes it again. The constants are written so that they read back the
+-- same under any DateStyle, TimeZone or IntervalStyle (timestamps as microseconds since 1970).
+CREATE FUNCTION idempotency.write_call_cache() RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET intervalstyle = 'postgres' AS $$
+DECLARE
+    st idempotency.call_state;
+    body text;
+BEGIN
+    PERFORM pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('idempotency.call_cache')::bigint);
+    IF pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' THEN
+        st := idempotency.live_state();
+    ELSE
+        st.upto := -1;
+    END IF;
+    body := pg_catalog.format(
+        'SELECT ROW(%L::interval, %s, %s, %s, %s, %L::interval, %s, %s, %s, %s, %s, %s, %s, false, %s, %s, %s)::idempotency.call_state',
+        st.max_lease_ttl, coalesce(st.max_attempts::text, 'NULL'), coalesce(st.max_key_bytes::text, 'NULL'),
+        coalesce(st.max_payload_bytes::text, 'NULL'), coalesce(st.max_batch_keys::text, 'NULL'), st.lease_ttl,
+        coalesce(st.grants_enforced::text, 'NULL'), st.upto,
+        coalesce('pg_catalog.to_timestamp(' OPERATOR(pg_catalog.||) (EXTRACT(epoch FROM st.w_from))::text OPERATOR(pg_catalog.||) ')', 'NULL'),
+        coalesce('pg_catalog.to_timestamp(' OPERATOR(pg_catalog.||) (EXTRACT(epoch FROM st.w_to))::text OPERATOR(pg_catalog.||) ')', 'NULL'),
+        coalesce(st.w_to_us::text, 'NULL'), coalesce(st.probe_before::text, 'NULL'), coalesce(st.probe_ahead::text, 'NULL'),
+        coalesce(st.w_at_seal::text, 'NULL'), coalesce(st.lease_ttl_ok::text, 'NULL'), coalesce(st.max_payload_bytes_4::text, 'NULL'));
+    IF body OPERATOR(pg_catalog.<>) (SELECT pg_catalog.btrim(p.prosrc, E' \n') FROM pg_catalog.pg_proc p
+                                      WHERE p.oid OPERATOR(pg_catalog.=) 'idempotency.cached_state()'::pg_catalog.regprocedure) THEN
+        EXECUTE pg_catalog.format('CREATE OR REPLACE FUNCTION idempotency.cached_state() RETURNS idempotency.call_state '
+                                  'LANGUAGE sql IMMUTABLE PARALLEL SAFE AS %L', body);
+    END IF;
+END
+$$;
+
+-- After a statement changed one of the tables the state comes from.
+CREATE FUNCTION idempotency.refresh_call_cache() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM idempotency.write_call_cache();
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER call_cache AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON idempotency.settings
+    FOR EACH STATEMENT EXECUTE FUNCTION idempotency.refresh_call_cache();
+CREATE TRIGGER call_cache AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON idempotency.scope_grants
+    FOR EACH STATEMENT EXECUTE FUNCTION idempotency.refresh_call_cache();
+CREATE TRIGGER call_cache AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON idempotency.sealed
+    FOR EACH STATEMENT EXECUTE FUNCTION idempotency.refresh_call_cache();
+
+-- The state of one call, the long way: fn names the call for the read-only error (NULL: a call that reads
+-- only); writing: the write partition too, made when there is none (idempotency.write_partition). The
+-- constants of idempotency.cached_state when they match sealed_upto (every call but those during a seal),
+-- else the tables; under REPEATABLE READ and SERIALIZABLE, whether a seal committed after the snapshot; a
+-- session that set an idempotency.* limit (or had one set by ALTER DATABASE / ALTER ROLE) gets the limits of
+-- idempotency.config().
+CREATE FUNCTION idempotency.call_state(fn text, writing boolean) RETURNS idempotency.call_state
+LANGUAGE plpgsql AS $$
+DECLARE
+    st idempotency.call_state := idempotency.cached_state();
+    upto bigint := coalesce(pg_catalog.pg_sequence_last_value('idempotency.sealed_upto'::pg_catalog.regclass), 0);
+    cfg idempotency.settings;
+BEGIN
+    IF fn IS NOT NULL AND pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on' THEN
+        PERFORM idempotency.check_writable(fn);
+    END IF;
+    IF st.upto IS DISTINCT FROM upto THEN
+        st := idempotency.live_state();
+    END IF;
+    -- Nothing to write to, or a gap before the oldest unsealed partition: idempotency.write_partition makes
+    -- the partitions (and waits for a seal under way), then the state is read again.
+    IF writing AND (st.w_from IS NULL OR st.w_from OPERATOR(pg_catalog.>)
+                    GREATEST(pg_catalog.now(), CASE WHEN st.upto OPERATOR(pg_catalog.<=) 0 THEN '-infinity'::timestamptz
+                             ELSE pg_catalog.to_timestamp(st.upto::pg_catalog.float8 OPERATOR(pg_catalog./) 1000000) END)) THEN
+        PERFORM idempotency.write_partition();
+        st := idempotency.live_state();
+    END IF;
+    -- A seal the snapshot does not see (its rows may be missing from what this transaction reads).
+    st.stale_seal := pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed'
+        AND st.upto OPERATOR(pg_catalog.>) coalesce((SELECT (EXTRACT(epoch FROM pg_catalog.max(x.range_to)) OPERATOR(pg_catalog.*) 1000000)::bigint
+                                                     FROM idempotency.sealed x), 0);
+    IF coalesce(NULLIF(pg_catalog.current_setting('idempotency.lease_ttl', true), ''),
+                NULLIF(pg_catalog.current_setting('idempotency.max_lease_ttl', true), ''),
+                NULLIF(pg_catalog.current_setting('idempotency.max_attempts', true), ''),
+                NULLIF(pg_catalog.current_setting('idempotency.max_key_bytes', true), ''),
+                NULLIF(pg_catalog.current_setting('idempotency.max_payload_bytes', true), ''),
+                NULLIF(pg_catalog.current_setting('idempotency.max_batch_keys', true), ''),
+                NULLIF(pg_catalog.current_setting('idempotency.require_scope_grants', true), '')) IS NOT NULL THEN
+        cfg := idempotency.config();
+        st.max_lease_ttl := cfg.max_lease_ttl; st.max_attempts := cfg.max_attempts; st.max_key_bytes := cfg.max_key_bytes;
+        st.max_payload_bytes := cfg.max_payload_bytes; st.max_batch_keys := cfg.max_batch_keys; st.lease_ttl := cfg.lease_ttl;
+        st.grants_enforced := cfg.require_scope_grants
+            OR EXISTS (SELECT FROM idempotency.scope_grants g WHERE g.kind OPERATOR(pg_catalog.=) 'scope');
+    END IF;
+    RETURN st;
+END
+$$;
+
+-- Whether a key call may take its common path, which reads the state as the constants of
+-- idempotency.cached_state (folded into each statement's plan, so that a statement reads only the partitions
+-- they name): their version (upto) when the call may, else -1 and the call takes the long way
+-- (idempotency.call_state). It may in a READ COMMITTED, read-write transaction whose session set none of the
+-- idempotency.* limits the call reads (lease: lease_ttl and max_lease_ttl; payload: max_payload_bytes;
+-- always max_key_bytes and require_scope_grants); writing: when the constants match sealed_upto and the write
+-- partition covers now. Inlined into the calls, with constant arguments: one expression of the few function
+-- calls the call needs (each costs a key call's transaction about as much as its row lookup).
+CREATE FUNCTION idempotency.fast_version(writing boolean, lease boolean, payload boolean) RETURNS bigint
+LANGUAGE sql AS $$
+    SELECT CASE WHEN (NOT writing
+                      OR (idempotency.cached_state()).upto
+                         OPERATOR(pg_catalog.=) pg_catalog.pg_sequence_last_value('idempotency.sealed_upto'::pg_catalog.regclass))
+                 AND pg_catalog.concat(pg_catalog.current_setting('transaction_isolation'),
+                                       pg_catalog.current_setting('transaction_read_only'),
+                                       pg_catalog.current_setting('idempotency.max_key_bytes', true),
+                                       pg_catalog.current_setting('idempotency.require_scope_grants', true),
+                                       CASE WHEN lease THEN pg_catalog.concat(pg_catalog.current_setting('idempotency.lease_ttl', true),
+                                                                              pg_catalog.current_setting('idempotency.max_lease_ttl', true)) END,
+                                       CASE WHEN payload THEN pg_catalog.current_setting('idempotency.max_payload_bytes', true) END)
+                     OPERATOR(pg_catalog.=) 'read committedoff'
+                 AND (NOT writing OR (idempotency.cached_state()).w_at_seal
+                      OR (idempotency.cached_state()).w_from OPERATOR(pg_catalog.<=) pg_catalog.now())
+                THEN (idempotency.cached_state()).upto ELSE -1 END
+$$;
+
+-- 22004 / 22023 / 54000 for a key call's key and scope, in the native extension's order, after a single
+-- test of the common case found one of them wrong.
+CREATE FUNCTION idempotency.check_key_scope(key text, scope text, max_bytes integer) RETURNS void
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+BEGIN
+    PERFORM idempotency.check_ident('key', key, max_bytes);
+    PERFORM idempotency.check_ident('scope', scope, max_bytes);
+END
+$$;
