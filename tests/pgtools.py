@@ -133,7 +133,7 @@ class Cluster:
     def __init__(self, port, conf=(), *, bindir=None, sockdir=None, pgdata=None, logfile=None,
                  listen="127.0.0.1", max_connections=200, fsync="on", server_env=None):
         self.port = int(port)
-        self.bindir = pathlib.Path(bindir) if bindir is not None else pathlib.Path(os.environ.get("TMP_BINDIR") or pg().bindir)
+        self.bindir = pathlib.Path(bindir) if bindir is not None else pg().bindir
         self.sockdir = str(sockdir if sockdir is not None else f"/tmp/idem-sock-{self.port}")
         self.pgdata = str(pgdata if pgdata is not None else f"/tmp/idem-data-{self.port}")
         self.logfile = pathlib.Path(logfile if logfile is not None else pathlib.Path(self.pgdata, "server.log"))
