@@ -3,11 +3,10 @@ tests set and step (tests/fakeclock.py: FileClock), on the port of tests/ports "
 preloaded (the native extension's worker maintains the cases' database; under IDEM_EDITION=sql the library
 is left out and the cases call idem_maintenance() themselves).
 """
-import os
-
 import pytest
 
 import fakeclock
+import figures
 import pgtools
 from edition_marks import pytest_collection_modifyitems, pytest_configure  # noqa: F401 - the native_only mark
 
@@ -22,9 +21,6 @@ CONF = [
     "log_line_prefix = '%m [%p] %e '",
     "checkpoint_timeout = '1d'",
 ]
-
-_FIGURES = []
-
 
 class Server:
     def __init__(self):
@@ -47,20 +43,5 @@ def server():
         s.cluster.stop()
 
 
-@pytest.fixture
-def report(request):
-    """report(text): one line of a case's figures, repeated in the summary."""
-
-    def _report(text):
-        line = f"{request.node.name}[{pgtools.edition()}]: {text}"
-        print(line)
-        _FIGURES.append(line)
-
-    return _report
-
-
-def pytest_terminal_summary(terminalreporter):
-    if _FIGURES:
-        terminalreporter.section("idempotency clock figures")
-        for line in _FIGURES:
-            terminalreporter.write_line(line)
+report, pytest_terminal_summary = figures.plugin(
+    "idempotency clock figures", lambda request: f"{request.node.name}[{pgtools.edition()}]")
