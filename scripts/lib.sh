@@ -74,6 +74,10 @@ TEST_DEB_PACKAGES=("${DEMO_DEB_PACKAGES[@]}" postgresql-15-partman)
 # PGXN's validator of META.json (tests/package), from crates.io (scripts/install-deps test).
 PGXN_META_VERSION="0.7.0"
 BENCH_DEB_PACKAGES=(redis-server)
+# libfaketime, for the clock layer (tests/clock) and the midnight runs of scripts/test: installed with the test
+# packages, but not a prerequisite of scripts/test (without it the clock layers say they did not run, which is a
+# failure under CI=true).
+CLOCK_DEB_PACKAGES=(faketime)
 # What tests/monitoring/run needs (scripts/install-monitoring-deps installs them with their services stopped
 # and disabled): promtool, and the two exporters monitoring/ has configurations for.
 MONITORING_DEB_PACKAGES=(prometheus prometheus-postgres-exporter prometheus-sql-exporter)

@@ -10,7 +10,12 @@
 * `RETRY_SQLSTATES`, the errors a client answers by running the whole transaction again;
 * which edition the tests install (IDEM_EDITION: `native`, the default, or `sql`, the SQL edition of
   sql/edition/): `edition()`, `install_extension(conn)` in place of CREATE EXTENSION idempotency, and
-  `native_only(reason)` for what only the native extension has.
+  `native_only(reason)` for what only the native extension has;
+* a fake clock for every server a run starts (IDEM_FAKE_CLOCK, a libfaketime offset such as `+3600`:
+  tests/fakeclock.py), so that a whole suite can run across midnight UTC on purpose.
+
+The paths, the editions and the private trees live in pgpaths.py, pgedition.py and pginstall.py, re-exported
+here.
 
 The module needs nothing beyond the standard library until a connection is opened (psycopg), so
 scripts/cluster runs it with the system's python3:
@@ -20,21 +25,22 @@ scripts/cluster runs it with the system's python3:
     python3 tests/pgtools.py paths                                       # what pg() found
     python3 tests/pgtools.py install-extension HOST PORT DBNAME          # install_extension() there
 """
-import atexit
 import functools
-import hashlib
 import os
 import pathlib
 import pwd
-import shutil
 import subprocess
 import sys
-import tempfile
-import time
-from dataclasses import dataclass
+
+# Parts of this module kept in files of their own, re-exported here (callers import them from pgtools).
+import fakeclock
+from pgedition import (EDITION_OWNER, EDITIONS, edition, edition_conf, install_extension,  # noqa: F401
+                       native_only, sql_edition, sql_edition_script)
+from pginstall import (PrivateTree, control_default_version, copy_ext_files, ext_digest, ext_files,  # noqa: F401
+                       is_ext_file, sha256, system_ext_digest)
+from pgpaths import EXT, FALLBACK_PG_CONFIG, PgPaths, find_pg_config, pg  # noqa: F401
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-EXT = "idempotency"
 
 # What a client retries: the whole transaction, from BEGIN (serialization_failure, deadlock_detected).
 RETRY_SQLSTATES = ("40001", "40P01")
@@ -47,51 +53,6 @@ BACKTRACE_ENV = {"RUST_BACKTRACE": "1"}
 # Crash signatures in a server log: a backend or worker that died of a signal, an assertion, a PANIC.
 CRASH_PATTERNS = ("PANIC:", "TRAP:", "terminated by signal", "was terminated by", "server process (PID",
                   "terminating any other active server processes", "all server processes terminated")
-
-FALLBACK_PG_CONFIG = "/usr/lib/postgresql/15/bin/pg_config"
-
-
-# ---------------------------------------------------------------------------------------------------
-# Where PostgreSQL is
-
-
-@dataclass(frozen=True)
-class PgPaths:
-    pg_config: pathlib.Path  # the real pg_config of bindir (not a wrapper such as Debian's /usr/bin/pg_config)
-    bindir: pathlib.Path  # postgres, initdb, pg_ctl, psql, pg_dump, pgbench, ...
-    pkglibdir: pathlib.Path  # the extension's library (idempotency.so)
-    sharedir: pathlib.Path  # extension/ holds the control file and the SQL scripts
-    pgxs: pathlib.Path  # .../lib/pgxs: src/test/regress/pg_regress, src/test/isolation/pg_isolation_regress
-    version: str  # "PostgreSQL 15.20 (Debian ...)"
-
-    @property
-    def extdir(self):
-        return self.sharedir / "extension"
-
-
-def find_pg_config():
-    """PG_CONFIG, else pg_config on PATH, else Debian's PostgreSQL 15 one."""
-    return os.environ.get("PG_CONFIG") or shutil.which("pg_config") or FALLBACK_PG_CONFIG
-
-
-@functools.lru_cache(maxsize=None)
-def pg():
-    """The installation's directories, as its pg_config reports them (asked once per process)."""
-    found = find_pg_config()
-    try:
-        out = subprocess.run([found, "--bindir", "--pkglibdir", "--sharedir", "--pgxs", "--version"],
-                             capture_output=True, text=True, check=True).stdout.splitlines()
-    except (OSError, subprocess.CalledProcessError) as e:
-        raise RuntimeError(f"cannot run {found} ({e}): is PostgreSQL 15 installed (scripts/install-deps)? "
-                           "PG_CONFIG names another pg_config") from e
-    bindir, pkglibdir, sharedir, pgxs_mk, version = out[:5]
-    bindir = pathlib.Path(bindir)
-    real = bindir / "pg_config"
-    # ".../lib/pgxs/src/makefiles/pgxs.mk" -> ".../lib/pgxs"
-    return PgPaths(pg_config=real if real.exists() else pathlib.Path(found), bindir=bindir,
-                   pkglibdir=pathlib.Path(pkglibdir), sharedir=pathlib.Path(sharedir),
-                   pgxs=pathlib.Path(pgxs_mk).parents[2], version=version)
-
 
 # ---------------------------------------------------------------------------------------------------
 # Ports
@@ -157,116 +118,6 @@ def crash_lines(text):
 
 
 # ---------------------------------------------------------------------------------------------------
-# The edition under test: IDEM_EDITION=native (the default: CREATE EXTENSION idempotency) or sql (the SQL
-# edition: the plain script of scripts/sql-edition, run with psql by a non-superuser database owner)
-
-EDITIONS = ("native", "sql")
-# The owner role that installs the SQL edition when the caller names none: a non-superuser with CREATEROLE
-# (what the managed services' admin roles are), made the database's owner.
-EDITION_OWNER = "idem_owner"
-
-
-def edition():
-    """The edition the tests install: IDEM_EDITION, `native` when unset or empty."""
-    e = os.environ.get("IDEM_EDITION") or "native"
-    if e not in EDITIONS:
-        raise RuntimeError(f"IDEM_EDITION={e!r}: one of {', '.join(EDITIONS)}")
-    return e
-
-
-def sql_edition():
-    return edition() == "sql"
-
-
-def native_only(reason):
-    """A pytest mark: the test covers what only the native extension has (`reason`), so it is skipped
-    under IDEM_EDITION=sql. The same as @pytest.mark.native_only(reason), which the conftests register."""
-    import pytest
-
-    return pytest.mark.native_only(reason)
-
-
-@functools.lru_cache(maxsize=None)
-def sql_edition_script():
-    """The SQL edition's plain install script, made once per run: IDEM_SQL_EDITION_SCRIPT when it names
-    an existing file (a caller made it already), else scripts/sql-edition into a new temporary directory,
-    whose path is then put into IDEM_SQL_EDITION_SCRIPT for this process's children."""
-    given = os.environ.get("IDEM_SQL_EDITION_SCRIPT")
-    if given and os.path.isfile(given):
-        return pathlib.Path(given)
-    out = pathlib.Path(tempfile.mkdtemp(prefix="idem-sql-edition-"))
-    atexit.register(shutil.rmtree, out, True)  # this process's children, which it hands the path on to, end first
-    r = subprocess.run([str(ROOT / "scripts" / "sql-edition"), str(out)], capture_output=True, text=True)
-    script = out / "idempotency.sql"
-    if r.returncode != 0 or not script.is_file():
-        raise RuntimeError(f"scripts/sql-edition {out} failed (exit {r.returncode}): {r.stdout}{r.stderr}")
-    out.chmod(0o755)
-    script.chmod(0o644)
-    os.environ["IDEM_SQL_EDITION_SCRIPT"] = str(script)
-    return script
-
-
-def edition_conf(lines):
-    """postgresql.conf lines for the edition under test: under the SQL edition, idempotency taken out of
-    shared_preload_libraries (the edition runs on servers without the library; a test that needs it is
-    native_only), the rest as they are. Native: the lines unchanged."""
-    if not sql_edition():
-        return list(lines)
-    out = []
-    for line in lines:
-        key, eq, value = line.partition("=")
-        if eq and key.strip() == "shared_preload_libraries":
-            libs = [x.strip() for x in value.strip().strip("'").split(",")]
-            libs = [x for x in libs if x and x != EXT]
-            line = f"shared_preload_libraries = '{','.join(libs)}'"
-        out.append(line)
-    return out
-
-
-def _role_exists(conn, role):
-    return conn.execute("SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = %s", (role,)).fetchone() is not None
-
-
-def install_extension(conn, owner=None):
-    """What the tests run in place of CREATE EXTENSION idempotency, on `conn` (a superuser's session in
-    the database to install into, with autocommit).
-
-    native: exactly `CREATE EXTENSION idempotency` on conn.
-    sql:    the SQL edition's plain script (sql_edition_script()), run with `psql -X -v ON_ERROR_STOP=1 -f`
-            as the database's owner, a non-superuser with CREATEROLE: `owner` when the caller names one (it
-            must own the database already: e.g. a test's own hostile owner, which is given CREATEROLE),
-            else EDITION_OWNER (idem_owner LOGIN CREATEROLE, made when missing), made the database's owner.
-            The functions land in the owner's first search_path schema (public), the storage in schema
-            idempotency. Raises RuntimeError with psql's output when the script fails."""
-    if not sql_edition():
-        conn.execute("CREATE EXTENSION idempotency")
-        return
-    import psycopg.sql
-
-    db = conn.info.dbname
-    if owner is None:
-        owner = EDITION_OWNER
-        if not _role_exists(conn, owner):
-            conn.execute(psycopg.sql.SQL("CREATE ROLE {} LOGIN CREATEROLE").format(psycopg.sql.Identifier(owner)))
-        conn.execute(psycopg.sql.SQL("ALTER DATABASE {} OWNER TO {}").format(psycopg.sql.Identifier(db),
-                                                                             psycopg.sql.Identifier(owner)))
-    else:
-        dbowner = conn.execute("SELECT pg_catalog.pg_get_userbyid(datdba) FROM pg_catalog.pg_database "
-                               "WHERE datname = pg_catalog.current_database()").fetchone()[0]
-        if dbowner != owner:
-            raise RuntimeError(f"install_extension(owner={owner!r}): database {db} is owned by {dbowner}")
-        conn.execute(psycopg.sql.SQL("ALTER ROLE {} CREATEROLE").format(psycopg.sql.Identifier(owner)))
-    script = sql_edition_script()
-    host = conn.info.host
-    cmd = [str(pg().bindir / "psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-h", host, "-p", str(conn.info.port),
-           "-U", owner, "-d", db, "-f", str(script)]
-    r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PGCONNECT_TIMEOUT": "30"})
-    if r.returncode != 0:
-        raise RuntimeError(f"the SQL edition's install script failed in database {db} as {owner} "
-                           f"(psql exit {r.returncode}): {r.stderr.strip()}")
-
-
-# ---------------------------------------------------------------------------------------------------
 # Throwaway clusters
 
 
@@ -300,7 +151,9 @@ class Cluster:
                 f"fsync = {self.fsync}"]
 
     def pg_ctl(self, *args, check=True):
-        env = [f"{k}={v}" for k, v in self.server_env.items()]
+        # Under IDEM_FAKE_CLOCK every server runs with libfaketime's clock (fakeclock.py); a caller's own
+        # clock settings in server_env win.
+        env = [f"{k}={v}" for k, v in {**fakeclock.env_from_caller(), **self.server_env}.items()]
         r = as_postgres(["env", *env, self.bindir / "pg_ctl", "-D", self.pgdata, *args], capture_output=True, text=True)
         if check and r.returncode != 0:
             raise RuntimeError(f"pg_ctl {' '.join(map(str, args))} failed: {r.stdout} {r.stderr}\n{self.log_tail()}")
@@ -390,141 +243,6 @@ class Cluster:
 
     def log_tail(self, n=20):
         return "\n".join(self.log_since().splitlines()[-n:])
-
-
-# ---------------------------------------------------------------------------------------------------
-# Private copies of the installation, and the extension's files
-
-
-def is_ext_file(name):
-    return name == f"{EXT}.so" or name == f"{EXT}.control" or (name.startswith(f"{EXT}--") and name.endswith(".sql"))
-
-
-def sha256(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def ext_digest(lib_dir, ext_dir):
-    """One digest over the extension's library, control file and scripts in two directories."""
-    h = hashlib.sha256()
-    for path in [pathlib.Path(lib_dir) / f"{EXT}.so", *sorted(pathlib.Path(ext_dir).glob(f"{EXT}*"))]:
-        h.update(path.name.encode())
-        h.update(sha256(path).encode())
-    return h.hexdigest()
-
-
-def system_ext_digest():
-    """ext_digest of the extension installed into the system (what scripts/build installed)."""
-    return ext_digest(pg().pkglibdir, pg().extdir)
-
-
-def ext_files(source=None):
-    """The extension's files in the system installation (what scripts/build installed), or anywhere
-    under the directory `source` (e.g. a `cargo pgrx package` output directory)."""
-    if source is not None:
-        return sorted((p for p in pathlib.Path(source).rglob(f"{EXT}*") if p.is_file() and is_ext_file(p.name)),
-                      key=lambda p: p.name)
-    lib = pg().pkglibdir / f"{EXT}.so"
-    files = [lib] if lib.exists() else []
-    files += sorted(p for p in pg().extdir.iterdir() if is_ext_file(p.name))
-    return files
-
-
-def copy_ext_files(dest, source=None):
-    """Copies the installed extension files (or those under `source`) into dest, over and over until the
-    copy and the originals agree (an install running right now would otherwise leave a half-written
-    library). Returns the copies."""
-    dest = pathlib.Path(dest)
-    for _ in range(10):
-        if dest.exists():
-            shutil.rmtree(dest)
-        dest.mkdir(parents=True)
-        before = {p.name: sha256(p) for p in ext_files(source)}
-        for p in ext_files(source):
-            shutil.copy2(p, dest / p.name)
-        time.sleep(1.0)
-        after = {p.name: sha256(p) for p in ext_files(source)}
-        copied = {p.name: sha256(p) for p in dest.iterdir()}
-        if before == after == copied:
-            return sorted(dest.iterdir())
-    raise RuntimeError("the installed extension files kept changing while they were copied")
-
-
-def control_default_version(path):
-    for line in pathlib.Path(path).read_text().splitlines():
-        key, _, value = line.partition("=")
-        if key.strip() == "default_version":
-            return value.strip().strip("'")
-    return None
-
-
-class PrivateTree:
-    """A copy of the PostgreSQL installation under `root` with idempotency files of our choice.
-
-    PostgreSQL finds its library and share directories relative to its own executable. A tree with copies
-    of postgres, initdb and pg_ctl, symlinks to everything else of the installation and the extension files
-    we put there therefore runs those files, while the system installation (which `scripts/build` and
-    `cargo pgrx test` rewrite in place, crashing every server that has the old library mapped) is never
-    touched. `Cluster(..., bindir=tree.bin)` runs a cluster from it.
-    """
-
-    EXECUTABLES = ("postgres", "initdb", "pg_ctl")
-
-    def __init__(self, root):
-        paths = pg()
-        self.root = pathlib.Path(root)
-        self.bin = self.root / paths.bindir.relative_to("/")
-        self.lib = self.root / paths.pkglibdir.relative_to("/")
-        self.share = self.root / paths.sharedir.relative_to("/")
-        self.ext = self.share / "extension"
-
-    def build(self):
-        """Makes the tree, without any idempotency file."""
-        paths = pg()
-        if self.root.exists():
-            shutil.rmtree(self.root)
-        for d in (self.bin, self.lib, self.ext):
-            d.mkdir(parents=True)
-        # Executables are copied: PostgreSQL resolves symlinks to find its own location.
-        for exe in self.EXECUTABLES:
-            shutil.copy2(paths.bindir / exe, self.bin / exe)
-        for entry in paths.pkglibdir.iterdir():
-            if not is_ext_file(entry.name):
-                (self.lib / entry.name).symlink_to(entry)
-        for entry in paths.sharedir.iterdir():
-            if entry.name != "extension":
-                (self.share / entry.name).symlink_to(entry)
-        for entry in paths.extdir.iterdir():
-            if not is_ext_file(entry.name):
-                (self.ext / entry.name).symlink_to(entry)
-        subprocess.run(["chmod", "-R", "a+rX", str(self.root)], check=True)
-
-    def install(self, files):
-        """Replaces the tree's idempotency files by `files` (the .so goes to lib, the rest to extension).
-        New files, never rewritten in place: a server that still had the old library mapped keeps it."""
-        for d in (self.lib, self.ext):
-            for entry in d.iterdir():
-                if is_ext_file(entry.name):
-                    entry.unlink()
-        for f in map(pathlib.Path, files):
-            if not is_ext_file(f.name):
-                raise ValueError(f"not a file of the extension: {f}")
-            target = (self.lib if f.suffix == ".so" else self.ext) / f.name
-            shutil.copy2(f, target)
-            target.chmod(0o755 if f.suffix == ".so" else 0o644)
-
-    def installed(self):
-        return sorted(p.name for d in (self.lib, self.ext) for p in d.iterdir() if is_ext_file(p.name))
-
-    def default_version(self):
-        return control_default_version(self.ext / f"{EXT}.control")
-
-    def digest(self):
-        return ext_digest(self.lib, self.ext)
 
 
 # ---------------------------------------------------------------------------------------------------

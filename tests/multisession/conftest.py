@@ -9,6 +9,7 @@ import os
 import psycopg
 import pytest
 
+import figures
 import pgtools
 from edition_marks import pytest_collection_modifyitems, pytest_configure  # noqa: F401 - the native_only mark
 
@@ -40,9 +41,6 @@ CREATE TABLE lease_log    (scope text NOT NULL, key text NOT NULL, token bigint 
 CREATE TABLE lease_effects (scope text NOT NULL, key text NOT NULL, token bigint NOT NULL,
                             worker int NOT NULL);
 """
-
-_FIGURES = []
-
 
 class Cluster:
     """Where the test cluster is, and a way to open one session on it."""
@@ -90,21 +88,4 @@ def cluster():
         _server.stop()
 
 
-@pytest.fixture
-def report(request):
-    """report(text): print one line of a test's figures; they are also repeated in the summary."""
-
-    def _report(text):
-        line = f"{request.node.name}: {text}"
-        print(line)
-        _FIGURES.append(line)
-
-    return _report
-
-
-def pytest_terminal_summary(terminalreporter):
-    # Printed before pytest's own closing line, which stays the last line of the output.
-    if _FIGURES:
-        terminalreporter.section("idempotency multi-session figures")
-        for line in _FIGURES:
-            terminalreporter.write_line(line)
+report, pytest_terminal_summary = figures.plugin("idempotency multi-session figures")

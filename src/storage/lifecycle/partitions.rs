@@ -150,9 +150,8 @@ fn interval_arg() -> Option<pg_sys::Datum> {
     arg(Interval::new(0, 0, width).expect("interval in range"))
 }
 
-fn missing(conn: &Conn, as_of: pg_sys::TimestampTz) -> Vec<String> {
-    let rows =
-        conn.run(&MISSING_PARTITIONS, &[ts_arg(as_of), interval_arg(), arg(gucs::premake())], Snap::Latest);
+fn missing(conn: &Conn, as_of: pg_sys::TimestampTz, ahead: i32) -> Vec<String> {
+    let rows = conn.run(&MISSING_PARTITIONS, &[ts_arg(as_of), interval_arg(), arg(ahead)], Snap::Latest);
     (0..rows.len()).filter_map(|i| rows.get::<String>(i, 1)).collect()
 }
 
@@ -162,12 +161,13 @@ fn missing(conn: &Conn, as_of: pg_sys::TimestampTz) -> Vec<String> {
 /// in place never wait for each other here.
 pub fn create_missing(conn: &Conn, as_of: pg_sys::TimestampTz) -> i32 {
     check_finite("as_of", as_of);
-    let mut ddl = missing(conn, as_of);
+    let ahead = gucs::premake();
+    let mut ddl = missing(conn, as_of, ahead);
     // In a consumer's session too: its DateStyle, TimeZone or default_tablespace must not reach the DDL.
     let _pinned = (!ddl.is_empty()).then(Pinned::enter);
     if !ddl.is_empty() {
         keylock::lock_partition_creation();
-        ddl = missing(conn, as_of); // another creator may have finished meanwhile
+        ddl = missing(conn, as_of, ahead); // another creator may have finished meanwhile
     }
     for statement in &ddl {
         conn.execute(statement);
@@ -213,12 +213,25 @@ fn read_coverage(conn: &Conn, ts: pg_sys::TimestampTz) -> Coverage {
 
 /// Makes sure a row created at `ts` has a partition. Cheap when it already has one.
 /// Only the builtin manager creates partitions on demand: under pg_partman its default
-/// partition catches rows, and with `none` the DBA is in charge.
+/// partition catches rows, and with `none` the DBA is in charge. A consumer whose own time has its
+/// partition makes nothing: premaking ahead is maintenance's. Only when that partition is missing (no
+/// round made it yet, or a round as of a later time dropped it) does it make it, and `premake` more, in
+/// its own transaction. (It used to make whatever was missing up to `premake` intervals ahead whenever
+/// the partition it knew ended: the first claim after midnight, before any round of the new day, made
+/// the day `premake` days ahead in its own transaction and held the creation lock until it ended, so
+/// every other claim of the new day, and the next round, waited for it.)
 pub fn ensure_covered(conn: &Conn, ts: pg_sys::TimestampTz) {
     if COVERED.with(|c| c.get()).holds(ts) {
         return;
     }
     if gucs::partition_manager() == gucs::PartitionManager::Builtin {
+        if missing(conn, ts, 0).is_empty() {
+            look_up_coverage(conn, ts);
+            let c = COVERED.with(|c| c.get());
+            if c.holds(ts) && c.partition != pg_sys::InvalidOid {
+                return;
+            }
+        }
         if create_missing(conn, ts) > 0 {
             keylock::keep_all_from_now_on();
         }
