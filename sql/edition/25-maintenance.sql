@@ -71,9 +71,12 @@ BEGIN
         errors := errors OPERATOR(pg_catalog.||) ('mark empty: ' OPERATOR(pg_catalog.||) failure);
     END;
     IF s.partition_manager OPERATOR(pg_catalog.=) 'builtin' THEN
+        -- A partition is dropped a retention after its end or its seal, whichever is later: new keys go to the
+        -- oldest unsealed partition, so one sealed late holds keys written after its end, and each keeps its
+        -- full retention (tests/clock/test_retention.py).
         FOR p IN SELECT r.partition FROM idempotency.partition_ranges r
-                  WHERE r.range_to OPERATOR(pg_catalog.<=) (as_of OPERATOR(pg_catalog.-) s.retention)
-                    AND EXISTS (SELECT FROM idempotency.sealed x WHERE x.partition OPERATOR(pg_catalog.=) r.partition)
+                   JOIN idempotency.sealed x ON x.partition OPERATOR(pg_catalog.=) r.partition
+                  WHERE GREATEST(r.range_to, x.sealed_at) OPERATOR(pg_catalog.<=) (as_of OPERATOR(pg_catalog.-) s.retention)
                   ORDER BY r.range_from
         LOOP
             BEGIN

@@ -15,11 +15,6 @@ NOON = datetime.datetime(2026, 12, 5, 12, 0, tzinfo=UTC)
 LATE = NOON + datetime.timedelta(hours=20)  # 08:00 the next day; the last round ran at noon the day before
 
 
-@pytest.mark.xfail(pgtools.sql_edition(), strict=True, reason=(
-    "SQL edition: a new key goes to the oldest partition past the seals, created_at clamped into it "
-    "(idempotency.write_partition, idempotency.created_at): written while the day before is not sealed yet, "
-    "it is dropped with that day, up to the rounds' lateness before its retention ends (reported, not fixed "
-    "here: sql/edition is being rewritten)"))
 def test_a_key_written_before_a_late_seal_keeps_its_retention(server, report):
     with Case(server, "late-seal", start=NOON, rate=1, retention="2 days") as case:
         ledger = Ledger("late")
