@@ -81,6 +81,24 @@ def targets(bench):
         for n in (100, 1000):
             add(f"SQL edition: idem_once_batch({n}) >= 0.8x bare batch insert ({lab})", ">= 0.80",
                 ratio(f"e_bo_{n}", f"bf_{n}", cls), lambda v: v >= 0.8, f"keys/s e_bo_{n} / bf_{n}, new keys, {top} clients")
+    # Issue 32: the SQL edition within 10% of the SQL it replaces, fresh and at a week of keys.
+    for prefix, what in (("", "fresh"), ("wk_", "a week of keys")):
+        add(f"issue 32, {what}: SQL edition claim + complete >= 0.9x the hand-written pair (pg sync=on)", ">= 0.90",
+            ratio(f"{prefix}e_w3", f"{prefix}w5a", "on"), lambda v: v >= 0.9, f"throughput {prefix}e_w3 / {prefix}w5a, {top} clients")
+        add(f"issue 32, {what}: SQL edition idem_once + business row >= 0.9x 5a + business row (pg sync=on)", ">= 0.90",
+            ratio(f"{prefix}e_w2b", f"{prefix}w5a_biz", "on"), lambda v: v >= 0.9, f"throughput {prefix}e_w2b / {prefix}w5a_biz, {top} clients")
+        add(f"issue 32, {what}: SQL edition idem_once >= 0.8x the bare insert (pg sync=on)", ">= 0.80",
+            ratio(f"{prefix}e_w2a", f"{prefix}w1", "on"), lambda v: v >= 0.8, f"throughput {prefix}e_w2a / {prefix}w1, {top} clients")
+        add(f"issue 32, {what}: minimal SECURITY DEFINER pair / hand-written pair (the approach's floor)", "(floor)",
+            ratio(f"{prefix}m_w5a", f"{prefix}w5a", "on"), lambda v: True, f"throughput {prefix}m_w5a / {prefix}w5a, {top} clients")
+        for n in (100, 1000):
+            add(f"issue 32, {what}: SQL edition idem_once_batch({n}) >= 0.8x bare batch insert (pg sync=on)", ">= 0.80",
+                ratio(f"{prefix}e_bo_{n}", f"{prefix}bf_{n}", "on"), lambda v: v >= 0.8, f"keys/s {prefix}e_bo_{n} / {prefix}bf_{n}, {top} clients")
+            add(f"issue 32, {what}: SQL edition claim + complete batches({n}) >= 1.0x hand-written batch (pg sync=on)", ">= 1.00",
+                ratio(f"{prefix}e_bc_{n}", f"{prefix}bh_{n}", "on"), lambda v: v >= 1.0, f"keys/s {prefix}e_bc_{n} / {prefix}bh_{n}, {top} clients")
+    for wid in ("e_w3", "e_w2b", "e_w2a", "e_bo_100", "e_bo_1000", "e_bc_100", "e_bc_1000"):
+        add(f"issue 32: SQL edition {wid} at a week / fresh >= 0.9 (cost flat in retention)", ">= 0.90",
+            ratio(f"wk_{wid}", wid, "on"), lambda v: v >= 0.9, f"throughput wk_{wid} / {wid}, {top} clients")
     wk = f"{human(bench.args.retained_keys)} keys, {top} clients"
     add("a week of keys: SQL edition claim + complete >= 0.9x 5a (pg sync=on)", ">= 0.90",
         ratio("wk_e_w3", "wk_w5a", "on"), lambda v: v >= 0.9, f"throughput wk_e_w3 / wk_w5a, {wk}")

@@ -29,12 +29,14 @@ EDITION_OWNER = "bench_edition_owner"
 WORKLOADS = {
     "w1": ("dedup", "1 floor: INSERT .. ON CONFLICT DO NOTHING", "tx/s"),
     "w2a": ("dedup", "2a idem_once(key)", "tx/s"),
+    "e_w2a": ("dedup", "2a SQL edition: idem_once(key)", "tx/s"),
     "w5c": ("dedup", "5c plain INSERT processed_events", "tx/s"),
     "r_nx_p1": ("dedup", "6 redis SET k v NX EX 30", "req/s"),
     "w5a_biz": ("business", "5a + business row (5 stmts)", "tx/s"),
     "w2b": ("business", "2b idem_once + business row (4 stmts)", "tx/s"),
     "e_w2b": ("business", "2b SQL edition: idem_once + business row (4 stmts)", "tx/s"),
     "w5a": ("message", "5a INSERT PENDING; UPDATE COMPLETED", "msg/s"),
+    "m_w5a": ("message", "5a as a minimal SECURITY DEFINER PL/pgSQL pair (the SQL edition's own floor)", "msg/s"),
     "w5b": ("message", "5b SELECT FOR UPDATE; INSERT; UPDATE", "msg/s"),
     "w3": ("message", "3 idem_claim + idem_complete, 1 tx", "msg/s"),
     "e_w3": ("message", "3 SQL edition: idem_claim + idem_complete, 1 tx", "msg/s"),
@@ -58,11 +60,13 @@ WORKLOADS = {
     "e_bo_100": ("batch100", "12 SQL edition: idem_once_batch, 100 keys", "keys/s"),
     "bh_100": ("batch100", "12 hand-written INSERT PENDING; UPDATE COMPLETED, 100 keys, 1 tx", "keys/s"),
     "bc_100": ("batch100", "12 idem_claim_batch + idem_complete_batch, 100 keys, 1 tx", "keys/s"),
+    "e_bc_100": ("batch100", "12 SQL edition: idem_claim_batch + idem_complete_batch, 100 keys, 1 tx", "keys/s"),
     "bf_1000": ("batch1000", "12 bare batch INSERT ... ON CONFLICT DO NOTHING, 1000 keys", "keys/s"),
     "bo_1000": ("batch1000", "12 idem_once_batch, 1000 keys", "keys/s"),
     "e_bo_1000": ("batch1000", "12 SQL edition: idem_once_batch, 1000 keys", "keys/s"),
     "bh_1000": ("batch1000", "12 hand-written INSERT PENDING; UPDATE COMPLETED, 1000 keys, 1 tx", "keys/s"),
     "bc_1000": ("batch1000", "12 idem_claim_batch + idem_complete_batch, 1000 keys, 1 tx", "keys/s"),
+    "e_bc_1000": ("batch1000", "12 SQL edition: idem_claim_batch + idem_complete_batch, 1000 keys, 1 tx", "keys/s"),
     "py_floor": ("pydriver", "1 floor, Python driver", "tx/s"),
     "py_5c": ("pydriver", "5c plain INSERT, Python driver (dup = caught error)", "tx/s"),
     "g_0": ("growth", "8 idem_claim, 0 retained keys (+10k baseline)", "tx/s"),
@@ -78,6 +82,8 @@ WORKLOADS = {
     "wk_w5a": ("week", "10 5a INSERT PENDING; UPDATE COMPLETED, {n} keys", "msg/s"),
     "wk_w3": ("week", "10 idem_claim + idem_complete, {n} keys over 7 daily partitions", "msg/s"),
     "wk_e_w3": ("week", "10 SQL edition: idem_claim + idem_complete, {n} keys over 7 daily partitions", "msg/s"),
+    "wk_m_w5a": ("week", "10 5a as a minimal SECURITY DEFINER pair, {n} keys", "msg/s"),
+    "wk_e_w2a": ("week", "10 SQL edition: idem_once, {n} keys over 7 daily partitions", "tx/s"),
     # The business row at a week of keys (issue 28): the hand-written pattern, the extension, the SQL edition.
     "wk_w5a_biz": ("weekbiz", "10 5a + business row (5 stmts), {n} keys", "tx/s"),
     "wk_w2b": ("weekbiz", "10 idem_once + business row (4 stmts), {n} keys over 7 daily partitions", "tx/s"),
@@ -88,9 +94,12 @@ WORKLOADS = {
     "wk_e_bo_100": ("weekbatch", "10 SQL edition: idem_once_batch, 100 keys, {n} keys over 7 daily partitions", "keys/s"),
     "wk_bh_100": ("weekbatch", "10 hand-written INSERT PENDING; UPDATE COMPLETED, 100 keys, {n} keys", "keys/s"),
     "wk_bc_100": ("weekbatch", "10 idem_claim_batch + idem_complete_batch, 100 keys, {n} keys over 7 daily partitions", "keys/s"),
+    "wk_e_bc_100": ("weekbatch", "10 SQL edition: idem_claim_batch + idem_complete_batch, 100 keys, {n} keys over 7 daily partitions", "keys/s"),
     "wk_bf_1000": ("weekbatch1000", "10 bare batch INSERT ... ON CONFLICT DO NOTHING, 1000 keys, {n} keys retained", "keys/s"),
     "wk_bo_1000": ("weekbatch1000", "10 idem_once_batch, 1000 keys, {n} keys over 7 daily partitions", "keys/s"),
     "wk_e_bo_1000": ("weekbatch1000", "10 SQL edition: idem_once_batch, 1000 keys, {n} keys over 7 daily partitions", "keys/s"),
+    "wk_bh_1000": ("weekbatch1000", "10 hand-written INSERT PENDING; UPDATE COMPLETED, 1000 keys, {n} keys", "keys/s"),
+    "wk_e_bc_1000": ("weekbatch1000", "10 SQL edition: idem_claim_batch + idem_complete_batch, 1000 keys, {n} keys over 7 daily partitions", "keys/s"),
     "mo_w1": ("month", "10 floor, {n} keys retained", "tx/s"),
     "mo_w2a": ("month", "10 idem_once, {n} keys over 30 daily partitions", "tx/s"),
     "mo_w5a": ("month", "10 5a INSERT PENDING; UPDATE COMPLETED, {n} keys", "msg/s"),
@@ -111,7 +120,7 @@ GROUP_ORDER = ["dedup", "business", "message", "batch", "batch100", "batch1000",
 SELECTIONS = {
     # The SQL edition (issue 28) beside the native extension and the hand-written SQL it is measured against,
     # fresh and at a week of keys.
-    "edition": r"^(wk_)?(e_)?(w5a|w3|w5a_biz|w2b|bf_100|bo_100|bf_1000|bo_1000)$",
+    "edition": r"^(wk_)?(e_|m_)?(w1|w2a|w5a|w3|w5a_biz|w2b|bf_100|bo_100|bf_1000|bo_1000|bh_100|bc_100|bh_1000|bc_1000)$",
     # Issue 29's floor: idem_once, claim + complete and idem_once_batch beside the bare insert and the
     # hand-written pair, fresh and at a week of keys.
     "floor29": r"^(wk_)?(w1|w2a|w5a|w3|bf_100|bo_100|bf_1000|bo_1000)$",
@@ -120,11 +129,13 @@ SELECTIONS = {
 PGBENCH_SCRIPTS = {
     "w1": "w1_floor.sql", "w2a": "w2a_once.sql", "w5c": "w5c_plain_insert.sql",
     "w5a_biz": "w5a_pending_update_biz.sql", "w2b": "w2b_once_biz.sql",
-    "w5a": "w5a_pending_update.sql", "w5b": "w5b_select_for_update.sql", "w3": "w3_claim_complete.sql",
+    "w5a": "w5a_pending_update.sql", "m_w5a": "w5a_min_secdef.sql", "w5b": "w5b_select_for_update.sql",
+    "w3": "w3_claim_complete.sql",
     "w4": "w4_claim_complete_2tx.sql",
 }
 # The SQL edition's rows: the same pgbench scripts in its database, each run right after the extension's row.
-EDITION_SCRIPTS = {"w2b": ("e_w2b", "w2b_once_biz.sql"), "w3": ("e_w3", "w3_claim_complete.sql")}
+EDITION_SCRIPTS = {"w2a": ("e_w2a", "w2a_once.sql"), "w2b": ("e_w2b", "w2b_once_biz.sql"),
+                   "w3": ("e_w3", "w3_claim_complete.sql")}
 LUA_PAIR = ("if redis.call('SET', KEYS[1], 'v', 'NX', 'EX', 30) then "
             "redis.call('SET', KEYS[1], 'done', 'EX', 86400) return 1 end return 0")
 
@@ -223,7 +234,8 @@ def pg_jobs(bench, sync):
             for n in (100, 1000):
                 for wid, script in ((f"bf_{n}", "w12_floor_batch.sql"), (f"bo_{n}", "w12_once_batch.sql"),
                                     (f"e_bo_{n}", "w12_once_batch.sql"),
-                                    (f"bh_{n}", "w12_hand_batch.sql"), (f"bc_{n}", "w12_claim_complete_batch.sql")):
+                                    (f"bh_{n}", "w12_hand_batch.sql"), (f"bc_{n}", "w12_claim_complete_batch.sql"),
+                                    (f"e_bc_{n}", "w12_claim_complete_batch.sql")):
                     if not bench.wanted(wid) or (a.quick and dup):
                         continue
                     fn = pgbench_fn(script, clients, {"dup": dup, "dupkeys": DUPKEYS, "n": n}, edition=wid.startswith("e_"))
@@ -488,15 +500,18 @@ def production_shape(bench):
         rows = [("w1", "w1_floor.sql", 1, False), ("w2a", "w2a_once.sql", 1, False),
                 ("w5a", "w5a_pending_update.sql", 1, False), ("w3", "w3_claim_complete.sql", 1, False)]
         if prefix == "wk":
-            rows += [("e_w3", "w3_claim_complete.sql", 1, True),
+            rows += [("e_w2a", "w2a_once.sql", 1, True), ("m_w5a", "w5a_min_secdef.sql", 1, False),
+                     ("e_w3", "w3_claim_complete.sql", 1, True),
                      ("w5a_biz", "w5a_pending_update_biz.sql", 1, False), ("w2b", "w2b_once_biz.sql", 1, False),
                      ("e_w2b", "w2b_once_biz.sql", 1, True),
                      # Batches of 100 keys beside their hand-written counterparts, and 1000 for the edition's target.
                      ("bf_100", "w12_floor_batch.sql", 100, False), ("bo_100", "w12_once_batch.sql", 100, False),
                      ("e_bo_100", "w12_once_batch.sql", 100, True),
                      ("bh_100", "w12_hand_batch.sql", 100, False), ("bc_100", "w12_claim_complete_batch.sql", 100, False),
+                     ("e_bc_100", "w12_claim_complete_batch.sql", 100, True),
                      ("bf_1000", "w12_floor_batch.sql", 1000, False), ("bo_1000", "w12_once_batch.sql", 1000, False),
-                     ("e_bo_1000", "w12_once_batch.sql", 1000, True)]
+                     ("e_bo_1000", "w12_once_batch.sql", 1000, True),
+                     ("bh_1000", "w12_hand_batch.sql", 1000, False), ("e_bc_1000", "w12_claim_complete_batch.sql", 1000, True)]
         for wid, script, n, on_edition in rows:
             if not bench.wanted(f"{prefix}_{wid}"):
                 continue

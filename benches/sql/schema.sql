@@ -24,6 +24,24 @@ CREATE TABLE idempotency_keys (
     updated_at       timestamptz NOT NULL DEFAULT now()
 );
 
+-- The minimal SECURITY DEFINER pair (issue 32): 5a's two statements, each alone in a PL/pgSQL function that
+-- pins its search_path, as the SQL edition's functions do (benches/sql/w5a_min_secdef.sql).
+CREATE FUNCTION bench_min_claim(k text) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    INSERT INTO public.idempotency_keys (idempotency_key, status) VALUES (k, 'PENDING')
+    ON CONFLICT (idempotency_key) DO NOTHING;
+    RETURN FOUND;
+END
+$$;
+CREATE FUNCTION bench_min_complete(k text, p jsonb) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    UPDATE public.idempotency_keys SET status = 'COMPLETED', response_payload = p, updated_at = pg_catalog.now()
+     WHERE idempotency_key = k;
+END
+$$;
+
 -- Workload 5c: an insert-only dedup table; a duplicate fails on the primary key.
 CREATE TABLE processed_events (
     event_id     text PRIMARY KEY,

@@ -21,7 +21,8 @@ CREATE TYPE idempotency.call_state AS (
     stale_seal        boolean,       -- REPEATABLE READ / SERIALIZABLE: a seal committed after the snapshot
     w_at_seal         boolean,       -- the write partition starts where the seals end (so it is current whatever now() is)
     lease_ttl_ok      boolean,       -- lease_ttl is positive and within max_lease_ttl
-    max_payload_bytes_4 integer      -- max_payload_bytes - 4: a stored size under it is under the limit whatever its header
+    max_payload_bytes_4 integer,     -- max_payload_bytes - 4: a stored size under it is under the limit whatever its header
+    native_defaults_ok boolean       -- the native extension's settings at their defaults change nothing here (see fast_version)
 );
 
 -- The state as the tables say it now (the partitions, the seals, the settings, the grants): the one
@@ -54,6 +55,14 @@ BEGIN
             ORDER BY p.range_from LIMIT 1) w ON true;
     st.lease_ttl_ok := st.lease_ttl OPERATOR(pg_catalog.>) '0'::interval AND st.lease_ttl OPERATOR(pg_catalog.<=) st.max_lease_ttl;
     st.max_payload_bytes_4 := st.max_payload_bytes OPERATOR(pg_catalog.-) 4;
+    -- What the old path would make of the native extension's settings at their defaults (as a session sees
+    -- them where the native library is loaded, in another database of the cluster): limits no looser than
+    -- those defaults, and the lease at its default, so that reading the defaults as session values changes
+    -- nothing (idempotency.limit_in_force keeps the tighter of each).
+    st.native_defaults_ok := st.max_key_bytes OPERATOR(pg_catalog.<=) 512
+        AND st.max_payload_bytes OPERATOR(pg_catalog.<=) 1048576 AND st.max_lease_ttl OPERATOR(pg_catalog.<=) '1 day'::interval
+        AND st.lease_ttl OPERATOR(pg_catalog.=) '5 min'::interval AND st.max_batch_keys OPERATOR(pg_catalog.<=) 1000
+        AND st.max_attempts OPERATOR(pg_catalog.<=) 5;
     RETURN st;
 END
 $$;
@@ -64,7 +73,7 @@ $$;
 -- idempotency.live_state.
 CREATE FUNCTION idempotency.cached_state() RETURNS idempotency.call_state
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT ROW(NULL, NULL, NULL, NULL, NULL, NULL, NULL, -1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::idempotency.call_state
+    SELECT ROW(NULL, NULL, NULL, NULL, NULL, NULL, NULL, -1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::idempotency.call_state
 $$;
 
 -- Writes idempotency.cached_state from the tables. One writer at a time, reading the tables after the
@@ -85,14 +94,15 @@ BEGIN
         st.upto := -1;
     END IF;
     body := pg_catalog.format(
-        'SELECT ROW(%L::interval, %s, %s, %s, %s, %L::interval, %s, %s, %s, %s, %s, %s, %s, false, %s, %s, %s)::idempotency.call_state',
+        'SELECT ROW(%L::interval, %s, %s, %s, %s, %L::interval, %s, %s, %s, %s, %s, %s, %s, false, %s, %s, %s, %s)::idempotency.call_state',
         st.max_lease_ttl, coalesce(st.max_attempts::text, 'NULL'), coalesce(st.max_key_bytes::text, 'NULL'),
         coalesce(st.max_payload_bytes::text, 'NULL'), coalesce(st.max_batch_keys::text, 'NULL'), st.lease_ttl,
         coalesce(st.grants_enforced::text, 'NULL'), st.upto,
         coalesce('pg_catalog.to_timestamp(' OPERATOR(pg_catalog.||) (EXTRACT(epoch FROM st.w_from))::text OPERATOR(pg_catalog.||) ')', 'NULL'),
         coalesce('pg_catalog.to_timestamp(' OPERATOR(pg_catalog.||) (EXTRACT(epoch FROM st.w_to))::text OPERATOR(pg_catalog.||) ')', 'NULL'),
         coalesce(st.w_to_us::text, 'NULL'), coalesce(st.probe_before::text, 'NULL'), coalesce(st.probe_ahead::text, 'NULL'),
-        coalesce(st.w_at_seal::text, 'NULL'), coalesce(st.lease_ttl_ok::text, 'NULL'), coalesce(st.max_payload_bytes_4::text, 'NULL'));
+        coalesce(st.w_at_seal::text, 'NULL'), coalesce(st.lease_ttl_ok::text, 'NULL'), coalesce(st.max_payload_bytes_4::text, 'NULL'),
+        coalesce(st.native_defaults_ok::text, 'NULL'));
     IF body OPERATOR(pg_catalog.<>) (SELECT pg_catalog.btrim(p.prosrc, E' \n') FROM pg_catalog.pg_proc p
                                       WHERE p.oid OPERATOR(pg_catalog.=) 'idempotency.cached_state()'::pg_catalog.regprocedure) THEN
         EXECUTE pg_catalog.format('CREATE OR REPLACE FUNCTION idempotency.cached_state() RETURNS idempotency.call_state '
@@ -187,7 +197,12 @@ LANGUAGE sql AS $$
                                        CASE WHEN lease THEN pg_catalog.concat(pg_catalog.current_setting('idempotency.lease_ttl', true),
                                                                               pg_catalog.current_setting('idempotency.max_lease_ttl', true)) END,
                                        CASE WHEN payload THEN pg_catalog.current_setting('idempotency.max_payload_bytes', true) END)
-                     OPERATOR(pg_catalog.=) 'read committedoff'
+                     -- unset (no native library in this cluster), or the native extension's defaults as its
+                     -- library shows them (src/gucs.rs) when they change nothing here
+                     OPERATOR(pg_catalog.=) ANY (ARRAY['read committedoff',
+                         CASE WHEN (idempotency.cached_state()).native_defaults_ok
+                              THEN 'read committedoff512Boff' OPERATOR(pg_catalog.||) CASE WHEN lease THEN '5min1d' ELSE '' END
+                                   OPERATOR(pg_catalog.||) CASE WHEN payload THEN '1MB' ELSE '' END END])
                  AND (NOT writing OR (idempotency.cached_state()).w_at_seal
                       OR (idempotency.cached_state()).w_from OPERATOR(pg_catalog.<=) pg_catalog.now())
                 THEN (idempotency.cached_state()).upto ELSE -1 END

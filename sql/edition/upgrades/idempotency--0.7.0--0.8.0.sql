@@ -34,7 +34,8 @@ CREATE TYPE idempotency.call_state AS (
     stale_seal        boolean,
     w_at_seal         boolean,
     lease_ttl_ok      boolean,
-    max_payload_bytes_4 integer
+    max_payload_bytes_4 integer,
+    native_defaults_ok boolean
 );
 
 -- The functions 0.8.0 no longer has, or has with other arguments.
