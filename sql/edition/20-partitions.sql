@@ -41,7 +41,7 @@ SELECT p.partition::pg_catalog.regclass                           AS partition,
        GREATEST(c.reltuples, 0::pg_catalog.float4)::pg_catalog.int8 AS row_estimate,
        pg_catalog.pg_total_relation_size(c.oid)                   AS total_bytes,
        pg_catalog.pg_size_pretty(pg_catalog.pg_total_relation_size(c.oid)) AS size,
-       GREATEST(p.range_to, x.sealed_at) OPERATOR(pg_catalog.+) (SELECT s.retention FROM idempotency.settings s) AS dropped_after,
+       p.range_to OPERATOR(pg_catalog.+) (SELECT s.retention FROM idempotency.settings s) AS dropped_after,
        x.sealed_at,
        NULL::integer                                              AS filter_bytes
   FROM idempotency.partition_ranges p

@@ -71,12 +71,14 @@ BEGIN
         errors := errors OPERATOR(pg_catalog.||) ('mark empty: ' OPERATOR(pg_catalog.||) failure);
     END;
     IF s.partition_manager OPERATOR(pg_catalog.=) 'builtin' THEN
-        -- A partition is dropped a retention after its end or its seal, whichever is later: new keys go to the
-        -- oldest unsealed partition, so one sealed late holds keys written after its end, and each keeps its
-        -- full retention (tests/clock/test_retention.py).
+        -- A partition is dropped a retention after its end, or after its seal when it holds keys written
+        -- after its end: new keys go to the oldest unsealed partition, their created_at at its last
+        -- microsecond, so each keeps its full retention (tests/clock/test_retention.py).
         FOR p IN SELECT r.partition FROM idempotency.partition_ranges r
                    JOIN idempotency.sealed x ON x.partition OPERATOR(pg_catalog.=) r.partition
-                  WHERE GREATEST(r.range_to, x.sealed_at) OPERATOR(pg_catalog.<=) (as_of OPERATOR(pg_catalog.-) s.retention)
+                  WHERE r.range_to OPERATOR(pg_catalog.<=) (as_of OPERATOR(pg_catalog.-) s.retention)
+                    AND (x.sealed_at OPERATOR(pg_catalog.<=) (as_of OPERATOR(pg_catalog.-) s.retention)
+                         OR NOT idempotency.written_after_end(r.partition, r.range_to))
                   ORDER BY r.range_from
         LOOP
             BEGIN
@@ -116,6 +118,20 @@ END
 $$;
 COMMENT ON FUNCTION idem_maintenance(timestamptz) IS
 'Runs one maintenance round now: creates the partitions due, drops expired ones and reclaims stuck leases. Returns what it did.';
+
+-- True when the partition holds a key written after its end (created_at at its last microsecond: see
+-- idempotency.created_at), which then keeps its retention from the partition's seal.
+CREATE FUNCTION idempotency.written_after_end(part regclass, range_to timestamptz) RETURNS boolean
+LANGUAGE plpgsql AS $$
+DECLARE
+    found_late boolean;
+BEGIN
+    EXECUTE pg_catalog.format('SELECT EXISTS (SELECT FROM %s x WHERE x.created_at OPERATOR(pg_catalog.>=) %s)',
+                              part, idempotency.ts_literal(range_to OPERATOR(pg_catalog.-) '1 microsecond'::interval))
+       INTO found_late;
+    RETURN found_late;
+END
+$$;
 
 -- Marks the partitions ahead of the write partition that hold no row as known_empty, so that a key call
 -- does not look for its key there (idempotency.call_state's probe_ahead). Only a write partition takes new
