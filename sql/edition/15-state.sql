@@ -22,7 +22,8 @@ CREATE TYPE idempotency.call_state AS (
     w_at_seal         boolean,       -- the write partition starts where the seals end (so it is current whatever now() is)
     lease_ttl_ok      boolean,       -- lease_ttl is positive and within max_lease_ttl
     max_payload_bytes_4 integer,     -- max_payload_bytes - 4: a stored size under it is under the limit whatever its header
-    native_defaults_ok boolean       -- the native extension's settings at their defaults change nothing here (see fast_version)
+    native_defaults_ok boolean,      -- the native extension's settings at their defaults change nothing here (see fast_version)
+    w_name            text           -- the write partition's qualified name (a partition dropped by hand is seen)
 );
 
 -- The state as the tables say it now (the partitions, the seals, the settings, the grants): the one
@@ -49,12 +50,14 @@ BEGIN
            st.grants_enforced, st.w_from, st.w_to, st.w_to_us, st.probe_before, st.probe_ahead, st.stale_seal, st.w_at_seal
       FROM idempotency.settings s
       LEFT JOIN LATERAL (
-           SELECT p.range_from, p.range_to FROM idempotency.partition_ranges p
+           SELECT p.range_from, p.range_to, p.partition_name FROM idempotency.partition_ranges p
             WHERE p.range_from OPERATOR(pg_catalog.>=) CASE WHEN st.upto OPERATOR(pg_catalog.=) 0 THEN '-infinity'::timestamptz
                    ELSE pg_catalog.to_timestamp(st.upto::pg_catalog.float8 OPERATOR(pg_catalog./) 1000000) END
             ORDER BY p.range_from LIMIT 1) w ON true;
     st.lease_ttl_ok := st.lease_ttl OPERATOR(pg_catalog.>) '0'::interval AND st.lease_ttl OPERATOR(pg_catalog.<=) st.max_lease_ttl;
     st.max_payload_bytes_4 := st.max_payload_bytes OPERATOR(pg_catalog.-) 4;
+    st.w_name := (SELECT pg_catalog.format('idempotency.%I', p.partition_name) FROM idempotency.partition_ranges p
+                   WHERE p.range_from OPERATOR(pg_catalog.=) st.w_from);
     -- What the old path would make of the native extension's settings at their defaults (as a session sees
     -- them where the native library is loaded, in another database of the cluster): limits no looser than
     -- those defaults, and the lease at its default, so that reading the defaults as session values changes
@@ -73,7 +76,7 @@ $$;
 -- idempotency.live_state.
 CREATE FUNCTION idempotency.cached_state() RETURNS idempotency.call_state
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT ROW(NULL, NULL, NULL, NULL, NULL, NULL, NULL, -1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::idempotency.call_state
+    SELECT ROW(NULL, NULL, NULL, NULL, NULL, NULL, NULL, -1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::idempotency.call_state
 $$;
 
 -- Writes idempotency.cached_state from the tables. One writer at a time, reading the tables after the
@@ -94,7 +97,7 @@ BEGIN
         st.upto := -1;
     END IF;
     body := pg_catalog.format(
-        'SELECT ROW(%L::interval, %s, %s, %s, %s, %L::interval, %s, %s, %s, %s, %s, %s, %s, false, %s, %s, %s, %s)::idempotency.call_state',
+        'SELECT ROW(%L::interval, %s, %s, %s, %s, %L::interval, %s, %s, %s, %s, %s, %s, %s, false, %s, %s, %s, %s, %L)::idempotency.call_state',
         st.max_lease_ttl, coalesce(st.max_attempts::text, 'NULL'), coalesce(st.max_key_bytes::text, 'NULL'),
         coalesce(st.max_payload_bytes::text, 'NULL'), coalesce(st.max_batch_keys::text, 'NULL'), st.lease_ttl,
         coalesce(st.grants_enforced::text, 'NULL'), st.upto,
@@ -102,7 +105,7 @@ BEGIN
         coalesce('pg_catalog.to_timestamp(' OPERATOR(pg_catalog.||) (EXTRACT(epoch FROM st.w_to))::text OPERATOR(pg_catalog.||) ')', 'NULL'),
         coalesce(st.w_to_us::text, 'NULL'), coalesce(st.probe_before::text, 'NULL'), coalesce(st.probe_ahead::text, 'NULL'),
         coalesce(st.w_at_seal::text, 'NULL'), coalesce(st.lease_ttl_ok::text, 'NULL'), coalesce(st.max_payload_bytes_4::text, 'NULL'),
-        coalesce(st.native_defaults_ok::text, 'NULL'));
+        coalesce(st.native_defaults_ok::text, 'NULL'), st.w_name);
     IF body OPERATOR(pg_catalog.<>) (SELECT pg_catalog.btrim(p.prosrc, E' \n') FROM pg_catalog.pg_proc p
                                       WHERE p.oid OPERATOR(pg_catalog.=) 'idempotency.cached_state()'::pg_catalog.regprocedure) THEN
         EXECUTE pg_catalog.format('CREATE OR REPLACE FUNCTION idempotency.cached_state() RETURNS idempotency.call_state '
@@ -146,6 +149,11 @@ BEGIN
         PERFORM idempotency.check_writable(fn);
     END IF;
     IF st.upto IS DISTINCT FROM upto THEN
+        st := idempotency.live_state();
+    END IF;
+    -- The write partition dropped by hand: forgotten (its row in partition_ranges), and made again below.
+    IF writing AND st.w_name IS NOT NULL AND pg_catalog.to_regclass(st.w_name) IS NULL THEN
+        PERFORM idempotency.sync_partition_ranges();
         st := idempotency.live_state();
     END IF;
     -- Nothing to write to, or a gap before the oldest unsealed partition: idempotency.write_partition makes
@@ -203,6 +211,7 @@ LANGUAGE sql AS $$
                          CASE WHEN (idempotency.cached_state()).native_defaults_ok
                               THEN 'read committedoff512Boff' OPERATOR(pg_catalog.||) CASE WHEN lease THEN '5min1d' ELSE '' END
                                    OPERATOR(pg_catalog.||) CASE WHEN payload THEN '1MB' ELSE '' END END])
+                 AND (NOT writing OR pg_catalog.to_regclass((idempotency.cached_state()).w_name) IS NOT NULL)
                  AND (NOT writing OR (idempotency.cached_state()).w_at_seal
                       OR (idempotency.cached_state()).w_from OPERATOR(pg_catalog.<=) pg_catalog.now())
                 THEN (idempotency.cached_state()).upto ELSE -1 END

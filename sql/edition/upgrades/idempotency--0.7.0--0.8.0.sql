@@ -35,7 +35,8 @@ CREATE TYPE idempotency.call_state AS (
     w_at_seal         boolean,
     lease_ttl_ok      boolean,
     max_payload_bytes_4 integer,
-    native_defaults_ok boolean
+    native_defaults_ok boolean,
+    w_name text
 );
 
 -- The functions 0.8.0 no longer has, or has with other arguments.
