@@ -45,9 +45,11 @@ BEGIN
            st.upto OPERATOR(pg_catalog.>) coalesce((SELECT (EXTRACT(epoch FROM pg_catalog.max(x.range_to)) OPERATOR(pg_catalog.*) 1000000)::bigint
                                                       FROM idempotency.sealed x), 0),
            st.upto OPERATOR(pg_catalog.>) 0
-             AND (EXTRACT(epoch FROM w.range_from) OPERATOR(pg_catalog.*) 1000000)::bigint OPERATOR(pg_catalog.=) st.upto
+             AND (EXTRACT(epoch FROM w.range_from) OPERATOR(pg_catalog.*) 1000000)::bigint OPERATOR(pg_catalog.=) st.upto,
+           'idempotency.' OPERATOR(pg_catalog.||) pg_catalog.quote_ident(w.partition_name)   -- (NULL without one)
       INTO st.max_lease_ttl, st.max_attempts, st.max_key_bytes, st.max_payload_bytes, st.max_batch_keys, st.lease_ttl,
-           st.grants_enforced, st.w_from, st.w_to, st.w_to_us, st.probe_before, st.probe_ahead, st.stale_seal, st.w_at_seal
+           st.grants_enforced, st.w_from, st.w_to, st.w_to_us, st.probe_before, st.probe_ahead, st.stale_seal, st.w_at_seal,
+           st.w_name
       FROM idempotency.settings s
       LEFT JOIN LATERAL (
            SELECT p.range_from, p.range_to, p.partition_name FROM idempotency.partition_ranges p
@@ -56,8 +58,6 @@ BEGIN
             ORDER BY p.range_from LIMIT 1) w ON true;
     st.lease_ttl_ok := st.lease_ttl OPERATOR(pg_catalog.>) '0'::interval AND st.lease_ttl OPERATOR(pg_catalog.<=) st.max_lease_ttl;
     st.max_payload_bytes_4 := st.max_payload_bytes OPERATOR(pg_catalog.-) 4;
-    st.w_name := (SELECT pg_catalog.format('idempotency.%I', p.partition_name) FROM idempotency.partition_ranges p
-                   WHERE p.range_from OPERATOR(pg_catalog.=) st.w_from);
     -- What the old path would make of the native extension's settings at their defaults (as a session sees
     -- them where the native library is loaded, in another database of the cluster): limits no looser than
     -- those defaults, and the lease at its default, so that reading the defaults as session values changes

@@ -127,7 +127,7 @@ BEGIN
                 INSERT INTO idempotency.records AS x (scope, key, status, token, attempts, fingerprint,
                                                       created_at, updated_at, expires_at)
                 VALUES (sc, k, 'pending', claim_one.token, 1, fp,
-                        LEAST(GREATEST(pg_catalog.now(), st.w_from), st.w_to OPERATOR(pg_catalog.-) '1 microsecond'::interval),
+                        idempotency.created_at(st.w_from, st.w_to),
                         pg_catalog.clock_timestamp(), pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) ttl)
                 ON CONFLICT DO NOTHING
                 RETURNING x.attempts, x.expires_at, x.ctid, x.tableoid INTO attempts, expires_at, at_ctid, at_part;
@@ -140,7 +140,7 @@ BEGIN
                     INSERT INTO idempotency.records AS x (scope, key, status, token, attempts, fingerprint,
                                                           created_at, updated_at, expires_at)
                     VALUES (sc, k, 'pending', claim_one.token, 1, fp,
-                            LEAST(GREATEST(pg_catalog.now(), st.w_from), st.w_to OPERATOR(pg_catalog.-) '1 microsecond'::interval),
+                            idempotency.created_at(st.w_from, st.w_to),
                             pg_catalog.clock_timestamp(), pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) ttl)
                     ON CONFLICT DO NOTHING
                     RETURNING x.attempts, x.expires_at, x.ctid, x.tableoid INTO attempts, expires_at, at_ctid, at_part;
@@ -292,8 +292,7 @@ BEGIN
                                                   created_at, updated_at, expires_at)
             VALUES (idem_claim.scope, idem_claim.key, 'pending', pg_catalog.nextval('idempotency.token_seq'), 1,
                     idem_claim.fingerprint,
-                    LEAST(GREATEST(pg_catalog.now(), (idempotency.cached_state()).w_from),
-                          (idempotency.cached_state()).w_to OPERATOR(pg_catalog.-) '1 microsecond'::interval),
+                    idempotency.created_at((idempotency.cached_state()).w_from, (idempotency.cached_state()).w_to),
                     pg_catalog.clock_timestamp(),
                     pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) coalesce(idem_claim.ttl, (idempotency.cached_state()).lease_ttl))
             ON CONFLICT DO NOTHING

@@ -22,7 +22,7 @@ BEGIN
     END IF;
     INSERT INTO idempotency.records AS x (scope, key, status, attempts, created_at, updated_at)
     VALUES (sc, k, 'completed', 1,
-            LEAST(GREATEST(pg_catalog.now(), st.w_from), st.w_to OPERATOR(pg_catalog.-) '1 microsecond'::interval),
+            idempotency.created_at(st.w_from, st.w_to),
             pg_catalog.now())
     ON CONFLICT DO NOTHING
     RETURNING x.ctid, x.tableoid INTO at_ctid, at_part;
@@ -77,8 +77,7 @@ BEGIN
         END IF;
         INSERT INTO idempotency.records AS x (scope, key, status, attempts, created_at, updated_at)
         VALUES (idem_once.scope, idem_once.key, 'completed', 1,
-                LEAST(GREATEST(pg_catalog.now(), (idempotency.cached_state()).w_from),
-                      (idempotency.cached_state()).w_to OPERATOR(pg_catalog.-) '1 microsecond'::interval),
+                idempotency.created_at((idempotency.cached_state()).w_from, (idempotency.cached_state()).w_to),
                 pg_catalog.now())
         ON CONFLICT DO NOTHING
         RETURNING x.ctid, x.tableoid,

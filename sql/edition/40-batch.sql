@@ -87,8 +87,7 @@ BEGIN
         written AS (
             INSERT INTO idempotency.records AS x (scope, key, status, token, attempts, created_at, updated_at, expires_at)
             SELECT idem_claim_batch.scope, f.k, 'pending', pg_catalog.nextval('idempotency.token_seq'), 1,
-                   LEAST(GREATEST(pg_catalog.now(), (idempotency.cached_state()).w_from),
-                         (idempotency.cached_state()).w_to OPERATOR(pg_catalog.-) '1 microsecond'::interval),
+                   idempotency.created_at((idempotency.cached_state()).w_from, (idempotency.cached_state()).w_to),
                    pg_catalog.clock_timestamp(), pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) t
               FROM fresh f ORDER BY f.k
             ON CONFLICT DO NOTHING
@@ -261,8 +260,7 @@ BEGIN
         WITH written AS (
             INSERT INTO idempotency.records AS x (scope, key, status, attempts, created_at, updated_at)
             SELECT idem_once_batch.scope, d.k, 'completed', 1,
-                   LEAST(GREATEST(pg_catalog.now(), (idempotency.cached_state()).w_from),
-                         (idempotency.cached_state()).w_to OPERATOR(pg_catalog.-) '1 microsecond'::interval),
+                   idempotency.created_at((idempotency.cached_state()).w_from, (idempotency.cached_state()).w_to),
                    pg_catalog.now()
               FROM (SELECT DISTINCT u.k FROM pg_catalog.unnest(idem_once_batch.keys) AS u(k)) d
              WHERE NOT ((idempotency.cached_state()).probe_before OR (idempotency.cached_state()).probe_ahead)
