@@ -67,6 +67,7 @@ pub fn init() {
     grants::init();
     pg::catalog::init(&[
         pg::layout::forget_layouts,
+        pg::leaves::forget_walk,
         pg::direct::forget_layouts,
         lifecycle::partitions::forget_coverage,
         pg::sealed::forget,
