@@ -69,6 +69,7 @@ pub fn init() {
         pg::layout::forget_layouts,
         pg::leaves::forget_walk,
         pg::direct::forget_layouts,
+        pg::indexes::forget,
         lifecycle::partitions::forget_coverage,
         pg::sealed::forget,
         grants::forget,

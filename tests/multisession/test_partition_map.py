@@ -11,7 +11,8 @@ How each test fails without the invalidation it covers: with `pg::leaves::forget
 callbacks in `storage::init` (src/storage/mod.rs), the drop, subtransaction, prepare and function tests fail
 (a dropped partition is opened: XX000; a partition back from a rollback is not searched: a key answered new
 twice); with `lifecycle::partitions::forget_coverage` left out, the seal test fails (the second key's row goes
-into the sealed partition).
+into the sealed partition); with `pg::indexes::forget` left out, the index test fails (a row missing from
+the index made between the calls, then the dropped index opened).
 """
 import psycopg
 import pytest
@@ -149,3 +150,23 @@ def test_many_calls_in_one_statement(conn):
     assert conn.execute("FETCH 1 FROM c").fetchone()[0] is True
     assert once(conn, "c2") is True
     conn.execute("COMMIT")
+
+
+def test_index_between_calls(conn):
+    """An index made and dropped on the partition new rows go to, between two calls."""
+    conn.execute("CREATE EXTENSION IF NOT EXISTS amcheck")
+    today = partition_at(conn, "now()")
+    check = ("SELECT bt_index_check(i.indexrelid, true) FROM pg_index i "
+             "WHERE i.indrelid = %s::regclass AND i.indisready")
+    conn.execute("BEGIN")
+    assert once(conn, "i1") is True
+    conn.execute(f"CREATE INDEX map_extra ON {today} (updated_at, key)")
+    assert once(conn, "i2") is True
+    conn.execute(check, (today,))  # i2 is in the new index too (amcheck: every row has its entries)
+    conn.execute("DROP INDEX idempotency.map_extra")
+    assert once(conn, "i3") is True  # the dropped index is not opened (XX000)
+    conn.execute("COMMIT")
+    # A claim's row has a lease: it goes into the partial index on expires_at too.
+    assert conn.execute("SELECT outcome FROM idem_claim('i4')").fetchone()[0] == "claimed"
+    assert conn.execute(f"SELECT count(*) FROM {today} WHERE expires_at IS NOT NULL").fetchone()[0] == 1
+    conn.execute(check, (today,))
