@@ -1,7 +1,8 @@
 """The partition map changing between two calls of one transaction.
 
 A backend remembers what its calls learned of the partitions (which leaves a lookup searches, where new
-rows go, which partitions are sealed) until the record table's relcache entry is invalidated. Each test
+rows go, which partitions are sealed, the indexes an insert fills) until a relcache invalidation of the
+record table (or of the partition, for its indexes). Each test
 changes the map between two calls of one transaction (or of one statement) and checks that the second
 call searches and writes what is there now: a remembered map that outlived the change shows as a key
 answered new twice (a partition it no longer searches), or as "could not open relation" (one that is gone).
