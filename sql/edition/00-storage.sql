@@ -117,9 +117,26 @@ CREATE TABLE idempotency.sealed (
     partition_name name NOT NULL,
     range_from     timestamptz NOT NULL,
     range_to       timestamptz NOT NULL,
-    sealed_at      timestamptz NOT NULL DEFAULT pg_catalog.now()
+    sealed_at      timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    filtered_keys  bigint                   -- the keys in its filter (idempotency.sealed_keys); NULL: none yet
 );
 COMMENT ON TABLE idempotency.sealed IS 'Sealed partitions of idempotency.records: no new rows go there.';
+
+-- The key filters of the sealed partitions (0.9.0): a new key is looked for in all of them at once, with
+-- one descent of one index, instead of in each sealed partition's own index. A key's 64-bit hash
+-- (idempotency.key_hash) picks its bucket (its top 16 bits) and its print (its low 31 bits); a partition's
+-- row of a bucket lists the prints of its keys in that bucket, about 9 for a partition of 600,000 keys. A
+-- print found means the key may be there (the call then reads the partitions' indexes); none found means
+-- it is not (a sealed partition takes no new rows). Written by idempotency.filter_sealed in the first
+-- maintenance round after the seal; until then a sealed partition is read through its index.
+CREATE TABLE idempotency.sealed_keys (
+    bucket    integer NOT NULL,
+    partition regclass NOT NULL,
+    prints    integer[] NOT NULL,
+    PRIMARY KEY (bucket, partition)
+);
+COMMENT ON TABLE idempotency.sealed_keys IS
+'Key filters of the sealed partitions of idempotency.records (written by maintenance): where a new key is looked for first.';
 
 -- The end (range_to, in microseconds since the Unix epoch) of the newest sealed partition. A sequence:
 -- its value is seen at once by every transaction, whatever its snapshot, so a writer that waited for a
@@ -175,6 +192,7 @@ BEGIN
     -- its oldest partition.
     PERFORM pg_catalog.pg_extension_config_dump('idempotency.sealed', '');
     PERFORM pg_catalog.pg_extension_config_dump('idempotency.sealed_upto', '');
+    PERFORM pg_catalog.pg_extension_config_dump('idempotency.sealed_keys', '');
 EXCEPTION WHEN feature_not_supported THEN
     NULL;
 END

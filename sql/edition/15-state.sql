@@ -23,7 +23,9 @@ CREATE TYPE idempotency.call_state AS (
     lease_ttl_ok      boolean,       -- lease_ttl is positive and within max_lease_ttl
     max_payload_bytes_4 integer,     -- max_payload_bytes - 4: a stored size under it is under the limit whatever its header
     native_defaults_ok boolean,      -- the native extension's settings at their defaults change nothing here (see fast_version)
-    w_name            text           -- the write partition's qualified name (a partition dropped by hand is seen)
+    w_name            text,          -- the write partition's qualified name (a partition dropped by hand is seen)
+    filtered          boolean,       -- a partition before the write partition has its key filter (idempotency.sealed_keys)
+    unfiltered_from   timestamptz    -- the start of the oldest partition before it without one (read by index), or NULL
 );
 
 -- The state as the tables say it now (the partitions, the seals, the settings, the grants): the one
@@ -56,6 +58,17 @@ BEGIN
             WHERE p.range_from OPERATOR(pg_catalog.>=) CASE WHEN st.upto OPERATOR(pg_catalog.=) 0 THEN '-infinity'::timestamptz
                    ELSE pg_catalog.to_timestamp(st.upto::pg_catalog.float8 OPERATOR(pg_catalog./) 1000000) END
             ORDER BY p.range_from LIMIT 1) w ON true;
+    -- The partitions before the write partition that a new key is looked for in through the key filters
+    -- (idempotency.filters_usable: not where this server hashes keys otherwise than the one that wrote them),
+    -- and from where the others begin, which are read through their indexes.
+    st.filtered := idempotency.filters_usable()
+        AND EXISTS (SELECT FROM idempotency.sealed x
+                     WHERE x.filtered_keys IS NOT NULL AND x.range_from OPERATOR(pg_catalog.<) st.w_from);
+    SELECT pg_catalog.min(p.range_from) INTO st.unfiltered_from FROM idempotency.partition_ranges p
+     WHERE p.range_from OPERATOR(pg_catalog.<) st.w_from
+       AND NOT (st.filtered AND EXISTS (SELECT FROM idempotency.sealed x
+                                         WHERE x.partition OPERATOR(pg_catalog.=) p.partition
+                                           AND x.filtered_keys IS NOT NULL));
     st.lease_ttl_ok := st.lease_ttl OPERATOR(pg_catalog.>) '0'::interval AND st.lease_ttl OPERATOR(pg_catalog.<=) st.max_lease_ttl;
     st.max_payload_bytes_4 := st.max_payload_bytes OPERATOR(pg_catalog.-) 4;
     -- What the old path would make of the native extension's settings at their defaults (as a session sees
@@ -76,7 +89,7 @@ $$;
 -- idempotency.live_state.
 CREATE FUNCTION idempotency.cached_state() RETURNS idempotency.call_state
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT ROW(NULL, NULL, NULL, NULL, NULL, NULL, NULL, -1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::idempotency.call_state
+    SELECT ROW(NULL, NULL, NULL, NULL, NULL, NULL, NULL, -1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::idempotency.call_state
 $$;
 
 -- Writes idempotency.cached_state from the tables. One writer at a time, reading the tables after the
@@ -97,7 +110,7 @@ BEGIN
         st.upto := -1;
     END IF;
     body := pg_catalog.format(
-        'SELECT ROW(%L::interval, %s, %s, %s, %s, %L::interval, %s, %s, %s, %s, %s, %s, %s, false, %s, %s, %s, %s, %L)::idempotency.call_state',
+        'SELECT ROW(%L::interval, %s, %s, %s, %s, %L::interval, %s, %s, %s, %s, %s, %s, %s, false, %s, %s, %s, %s, %L, %s, %s)::idempotency.call_state',
         st.max_lease_ttl, coalesce(st.max_attempts::text, 'NULL'), coalesce(st.max_key_bytes::text, 'NULL'),
         coalesce(st.max_payload_bytes::text, 'NULL'), coalesce(st.max_batch_keys::text, 'NULL'), st.lease_ttl,
         coalesce(st.grants_enforced::text, 'NULL'), st.upto,
@@ -105,7 +118,8 @@ BEGIN
         coalesce('pg_catalog.to_timestamp(' OPERATOR(pg_catalog.||) (EXTRACT(epoch FROM st.w_to))::text OPERATOR(pg_catalog.||) ')', 'NULL'),
         coalesce(st.w_to_us::text, 'NULL'), coalesce(st.probe_before::text, 'NULL'), coalesce(st.probe_ahead::text, 'NULL'),
         coalesce(st.w_at_seal::text, 'NULL'), coalesce(st.lease_ttl_ok::text, 'NULL'), coalesce(st.max_payload_bytes_4::text, 'NULL'),
-        coalesce(st.native_defaults_ok::text, 'NULL'), st.w_name);
+        coalesce(st.native_defaults_ok::text, 'NULL'), st.w_name, coalesce(st.filtered::text, 'NULL'),
+        coalesce('pg_catalog.to_timestamp(' OPERATOR(pg_catalog.||) (EXTRACT(epoch FROM st.unfiltered_from))::text OPERATOR(pg_catalog.||) ')', 'NULL'));
     IF body OPERATOR(pg_catalog.<>) (SELECT pg_catalog.btrim(p.prosrc, E' \n') FROM pg_catalog.pg_proc p
                                       WHERE p.oid OPERATOR(pg_catalog.=) 'idempotency.cached_state()'::pg_catalog.regprocedure) THEN
         EXECUTE pg_catalog.format('CREATE OR REPLACE FUNCTION idempotency.cached_state() RETURNS idempotency.call_state '
@@ -190,15 +204,15 @@ $$;
 -- they name): their version (upto) when the call may, else -1 and the call takes the long way
 -- (idempotency.call_state). It may in a READ COMMITTED, read-write transaction whose session set none of the
 -- idempotency.* limits the call reads (lease: lease_ttl and max_lease_ttl; payload: max_payload_bytes;
--- always max_key_bytes and require_scope_grants); writing: when the constants match sealed_upto and the write
--- partition covers now. Inlined into the calls, with constant arguments: one expression of the few function
--- calls the call needs (each costs a key call's transaction about as much as its row lookup).
+-- always max_key_bytes and require_scope_grants); writing: when the write partition is there and covers now.
+-- Whether the constants still match sealed_upto a writing call learns after its write (in its RETURNING,
+-- after the write partition's lock): a seal that committed before this transaction began has replaced the
+-- constants already (a change of cached_state invalidates the plans that folded them), so only a seal
+-- during the call can make them stale. Inlined into the calls, with constant arguments: one expression of
+-- the few function calls the call needs (each costs a key call's transaction about as much as its row lookup).
 CREATE FUNCTION idempotency.fast_version(writing boolean, lease boolean, payload boolean) RETURNS bigint
 LANGUAGE sql AS $$
-    SELECT CASE WHEN (NOT writing
-                      OR (idempotency.cached_state()).upto
-                         OPERATOR(pg_catalog.=) pg_catalog.pg_sequence_last_value('idempotency.sealed_upto'::pg_catalog.regclass))
-                 AND pg_catalog.concat(pg_catalog.current_setting('transaction_isolation'),
+    SELECT CASE WHEN pg_catalog.concat(pg_catalog.current_setting('transaction_isolation'),
                                        pg_catalog.current_setting('transaction_read_only'),
                                        pg_catalog.current_setting('idempotency.max_key_bytes', true),
                                        pg_catalog.current_setting('idempotency.require_scope_grants', true),

@@ -86,15 +86,23 @@ $$;
 -- with DateStyle and TimeZone pinned by this function's SET clauses.
 CREATE FUNCTION idempotency.sync_partition_ranges() RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET datestyle = 'ISO, YMD' SET timezone = 'UTC' AS $$
+DECLARE
+    gone regclass[];
 BEGIN
     DELETE FROM idempotency.partition_ranges p
      WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_inherits i
                         WHERE i.inhrelid OPERATOR(pg_catalog.=) p.partition::oid
                           AND i.inhparent OPERATOR(pg_catalog.=) 'idempotency.records'::pg_catalog.regclass::oid);
-    DELETE FROM idempotency.sealed x
-     WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_inherits i
-                        WHERE i.inhrelid OPERATOR(pg_catalog.=) x.partition::oid
-                          AND i.inhparent OPERATOR(pg_catalog.=) 'idempotency.records'::pg_catalog.regclass::oid);
+    WITH forgotten AS (
+        DELETE FROM idempotency.sealed x
+         WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_inherits i
+                            WHERE i.inhrelid OPERATOR(pg_catalog.=) x.partition::oid
+                              AND i.inhparent OPERATOR(pg_catalog.=) 'idempotency.records'::pg_catalog.regclass::oid)
+        RETURNING x.partition)
+    SELECT pg_catalog.array_agg(f.partition) INTO gone FROM forgotten f;
+    IF gone IS NOT NULL THEN
+        PERFORM idempotency.forget_sealed_keys(gone);
+    END IF;
     INSERT INTO idempotency.partition_ranges (partition, partition_name, range_from, range_to)
     SELECT c.oid::pg_catalog.regclass, c.relname, b[1]::timestamptz, b[2]::timestamptz
       FROM pg_catalog.pg_inherits i
@@ -286,6 +294,7 @@ BEGIN
     PERFORM pg_catalog.set_config('lock_timeout', saved, true);
     DELETE FROM idempotency.partition_ranges p WHERE p.partition OPERATOR(pg_catalog.=) part;
     DELETE FROM idempotency.sealed x WHERE x.partition OPERATOR(pg_catalog.=) part;
+    PERFORM idempotency.forget_sealed_keys(ARRAY[part]);
     RETURN true;
 EXCEPTION WHEN lock_not_available THEN
     RETURN false;

@@ -64,6 +64,16 @@ BEGIN
             next_seal := NULL;
         END LOOP;
     END IF;
+    -- The key filters of partitions sealed before this round (idempotency.filter_sealed): not of those it
+    -- sealed itself, whose writers would wait for the filter behind the seal's lock.
+    BEGIN
+        PERFORM idempotency.filter_sealed(x.partition) FROM idempotency.sealed x
+          WHERE x.filtered_keys IS NULL AND x.sealed_at OPERATOR(pg_catalog.<) pg_catalog.now()
+          ORDER BY x.range_from;
+    EXCEPTION WHEN OTHERS THEN
+        GET STACKED DIAGNOSTICS failure = MESSAGE_TEXT;
+        errors := errors OPERATOR(pg_catalog.||) ('filter: ' OPERATOR(pg_catalog.||) failure);
+    END;
     BEGIN
         PERFORM idempotency.mark_empty_ahead();
     EXCEPTION WHEN OTHERS THEN

@@ -27,7 +27,7 @@ BEGIN
     ON CONFLICT DO NOTHING
     RETURNING x.ctid, x.tableoid INTO at_ctid, at_part;
     IF FOUND THEN
-        IF pg_catalog.pg_sequence_last_value('idempotency.sealed_upto'::pg_catalog.regclass) OPERATOR(pg_catalog.>=) st.w_to_us
+        IF coalesce(pg_catalog.pg_sequence_last_value('idempotency.sealed_upto'::pg_catalog.regclass), 0) OPERATOR(pg_catalog.>=) st.w_to_us
            AND idempotency.sealed_under(st, k, sc) THEN
             DELETE FROM idempotency.records x
              WHERE x.tableoid OPERATOR(pg_catalog.=) at_part AND x.ctid OPERATOR(pg_catalog.=) at_ctid;
@@ -55,6 +55,8 @@ DECLARE
     at_part oid;
     st idempotency.call_state;
     fresh boolean;
+    h bigint;
+    maybe boolean;
 BEGIN
     -- The common case, as idem_claim's (idempotency.fast_version): the key looked for outside the write
     -- partition only where a partition can hold it, then written there.
@@ -66,33 +68,42 @@ BEGIN
         IF (idempotency.cached_state()).grants_enforced THEN
             PERFORM idempotency.authorize_enforced('scope', idem_once.scope);
         END IF;
-        IF (idempotency.cached_state()).probe_before OR (idempotency.cached_state()).probe_ahead THEN
-            PERFORM FROM idempotency.records x
-             WHERE x.key OPERATOR(pg_catalog.=) idem_once.key AND x.scope OPERATOR(pg_catalog.=) idem_once.scope
-               AND (x.created_at OPERATOR(pg_catalog.<) (idempotency.cached_state()).w_from
-                    OR ((idempotency.cached_state()).probe_ahead AND x.created_at OPERATOR(pg_catalog.>=) (idempotency.cached_state()).w_to));
-            IF FOUND THEN
-                RETURN false;
+        -- Where else the key may be, as in idem_claim: a print that matched in the key filters of the sealed
+        -- partitions sends the call the long way (once_one reads the partitions).
+        IF (idempotency.cached_state()).filtered THEN
+            h := idempotency.key_hash(idem_once.key, idem_once.scope);
+            maybe := EXISTS (SELECT FROM idempotency.sealed_key_matches(h));
+        END IF;
+        IF maybe IS NOT TRUE THEN
+            IF (idempotency.cached_state()).unfiltered_from IS NOT NULL OR (idempotency.cached_state()).probe_ahead THEN
+                PERFORM FROM idempotency.records x
+                 WHERE x.key OPERATOR(pg_catalog.=) idem_once.key AND x.scope OPERATOR(pg_catalog.=) idem_once.scope
+                   AND ((x.created_at OPERATOR(pg_catalog.>=) (idempotency.cached_state()).unfiltered_from
+                         AND x.created_at OPERATOR(pg_catalog.<) (idempotency.cached_state()).w_from)
+                        OR ((idempotency.cached_state()).probe_ahead AND x.created_at OPERATOR(pg_catalog.>=) (idempotency.cached_state()).w_to));
+                IF FOUND THEN
+                    RETURN false;
+                END IF;
             END IF;
+            INSERT INTO idempotency.records AS x (scope, key, status, attempts, created_at, updated_at)
+            VALUES (idem_once.scope, idem_once.key, 'completed', 1,
+                    idempotency.created_at((idempotency.cached_state()).w_from, (idempotency.cached_state()).w_to),
+                    pg_catalog.now())
+            ON CONFLICT DO NOTHING
+            RETURNING x.ctid, x.tableoid,
+                      coalesce(pg_catalog.pg_sequence_last_value('idempotency.sealed_upto'::pg_catalog.regclass), 0)
+                          OPERATOR(pg_catalog.=) (idempotency.cached_state()).upto
+                      AND (idempotency.cached_state()).upto OPERATOR(pg_catalog.=) ver
+                 INTO at_ctid, at_part, ok;
+            IF ok THEN
+                RETURN true;
+            ELSIF ok IS NULL THEN
+                RETURN false;   -- the key was there
+            END IF;
+            -- A seal (or another change of the state) while this ran: written again the long way.
+            DELETE FROM idempotency.records x
+             WHERE x.tableoid OPERATOR(pg_catalog.=) at_part AND x.ctid OPERATOR(pg_catalog.=) at_ctid;
         END IF;
-        INSERT INTO idempotency.records AS x (scope, key, status, attempts, created_at, updated_at)
-        VALUES (idem_once.scope, idem_once.key, 'completed', 1,
-                idempotency.created_at((idempotency.cached_state()).w_from, (idempotency.cached_state()).w_to),
-                pg_catalog.now())
-        ON CONFLICT DO NOTHING
-        RETURNING x.ctid, x.tableoid,
-                  pg_catalog.pg_sequence_last_value('idempotency.sealed_upto'::pg_catalog.regclass)
-                      OPERATOR(pg_catalog.=) (idempotency.cached_state()).upto
-                  AND (idempotency.cached_state()).upto OPERATOR(pg_catalog.=) ver
-             INTO at_ctid, at_part, ok;
-        IF ok THEN
-            RETURN true;
-        ELSIF ok IS NULL THEN
-            RETURN false;   -- the key was there
-        END IF;
-        -- A seal (or another change of the state) while this ran: written again the long way.
-        DELETE FROM idempotency.records x
-         WHERE x.tableoid OPERATOR(pg_catalog.=) at_part AND x.ctid OPERATOR(pg_catalog.=) at_ctid;
     END IF;
     st := idempotency.call_state('idem_once', true);
     PERFORM idempotency.check_key_scope(idem_once.key, idem_once.scope, st.max_key_bytes);

@@ -78,12 +78,15 @@ BEGIN
     IF st.upto OPERATOR(pg_catalog.=) (idempotency.cached_state()).upto THEN
         WITH fresh AS (
             SELECT DISTINCT u.k FROM pg_catalog.unnest(idem_claim_batch.keys) AS u(k)
-             WHERE NOT ((idempotency.cached_state()).probe_before OR (idempotency.cached_state()).probe_ahead)
-                OR NOT EXISTS (SELECT FROM idempotency.records x
-                                WHERE x.key OPERATOR(pg_catalog.=) u.k AND x.scope OPERATOR(pg_catalog.=) idem_claim_batch.scope
-                                  AND (x.created_at OPERATOR(pg_catalog.<) (idempotency.cached_state()).w_from
-                                       OR ((idempotency.cached_state()).probe_ahead
-                                           AND x.created_at OPERATOR(pg_catalog.>=) (idempotency.cached_state()).w_to)))),
+             WHERE NOT ((idempotency.cached_state()).filtered
+                        AND EXISTS (SELECT FROM idempotency.sealed_key_matches(idempotency.key_hash(u.k, idem_claim_batch.scope))))
+               AND (NOT ((idempotency.cached_state()).unfiltered_from IS NOT NULL OR (idempotency.cached_state()).probe_ahead)
+                    OR NOT EXISTS (SELECT FROM idempotency.records x
+                                    WHERE x.key OPERATOR(pg_catalog.=) u.k AND x.scope OPERATOR(pg_catalog.=) idem_claim_batch.scope
+                                      AND ((x.created_at OPERATOR(pg_catalog.>=) (idempotency.cached_state()).unfiltered_from
+                                            AND x.created_at OPERATOR(pg_catalog.<) (idempotency.cached_state()).w_from)
+                                           OR ((idempotency.cached_state()).probe_ahead
+                                               AND x.created_at OPERATOR(pg_catalog.>=) (idempotency.cached_state()).w_to))))),
         written AS (
             INSERT INTO idempotency.records AS x (scope, key, status, token, attempts, created_at, updated_at, expires_at)
             SELECT idem_claim_batch.scope, f.k, 'pending', pg_catalog.nextval('idempotency.token_seq'), 1,
@@ -98,7 +101,7 @@ BEGIN
           INTO answers, parts, ctids, tokens, iver FROM written wr;
         IF answers IS NOT NULL
            AND (iver OPERATOR(pg_catalog.<>) st.upto
-                OR pg_catalog.pg_sequence_last_value('idempotency.sealed_upto'::pg_catalog.regclass) OPERATOR(pg_catalog.<>) iver) THEN
+                OR coalesce(pg_catalog.pg_sequence_last_value('idempotency.sealed_upto'::pg_catalog.regclass), 0) OPERATOR(pg_catalog.<>) iver) THEN
             PERFORM idempotency.seal_conflict('(batch)', idem_claim_batch.scope)
               WHERE pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed';
             DELETE FROM idempotency.records x USING ROWS FROM (pg_catalog.unnest(parts), pg_catalog.unnest(ctids)) AS d(part, row_ctid)
@@ -237,6 +240,7 @@ DECLARE
     parts oid[];
     ctids tid[];
     iver bigint;
+    maybes text[];
     slow boolean := true;
     k text;
     one boolean;
@@ -256,28 +260,36 @@ BEGIN
     END IF;
     -- As idem_claim_batch: the new keys in one write with the state's constants when they are current, else
     -- (or when a seal moved past the write partition meanwhile) key by key the long way (idempotency.once_one).
+    -- A key whose print matched in the key filters of the sealed partitions is not written here: it goes
+    -- the long way, after the others.
     IF st.upto OPERATOR(pg_catalog.=) (idempotency.cached_state()).upto THEN
-        WITH written AS (
+        WITH d AS (
+            SELECT DISTINCT u.k, (idempotency.cached_state()).filtered
+                                 AND EXISTS (SELECT FROM idempotency.sealed_key_matches(idempotency.key_hash(u.k, idem_once_batch.scope))) AS maybe
+              FROM pg_catalog.unnest(idem_once_batch.keys) AS u(k)),
+        written AS (
             INSERT INTO idempotency.records AS x (scope, key, status, attempts, created_at, updated_at)
             SELECT idem_once_batch.scope, d.k, 'completed', 1,
                    idempotency.created_at((idempotency.cached_state()).w_from, (idempotency.cached_state()).w_to),
                    pg_catalog.now()
-              FROM (SELECT DISTINCT u.k FROM pg_catalog.unnest(idem_once_batch.keys) AS u(k)) d
-             WHERE NOT ((idempotency.cached_state()).probe_before OR (idempotency.cached_state()).probe_ahead)
-                OR NOT EXISTS (SELECT FROM idempotency.records o
-                                WHERE o.key OPERATOR(pg_catalog.=) d.k AND o.scope OPERATOR(pg_catalog.=) idem_once_batch.scope
-                                  AND (o.created_at OPERATOR(pg_catalog.<) (idempotency.cached_state()).w_from
-                                       OR ((idempotency.cached_state()).probe_ahead
-                                           AND o.created_at OPERATOR(pg_catalog.>=) (idempotency.cached_state()).w_to)))
+              FROM d
+             WHERE NOT d.maybe
+               AND (NOT ((idempotency.cached_state()).unfiltered_from IS NOT NULL OR (idempotency.cached_state()).probe_ahead)
+                    OR NOT EXISTS (SELECT FROM idempotency.records o
+                                    WHERE o.key OPERATOR(pg_catalog.=) d.k AND o.scope OPERATOR(pg_catalog.=) idem_once_batch.scope
+                                      AND ((o.created_at OPERATOR(pg_catalog.>=) (idempotency.cached_state()).unfiltered_from
+                                            AND o.created_at OPERATOR(pg_catalog.<) (idempotency.cached_state()).w_from)
+                                           OR ((idempotency.cached_state()).probe_ahead
+                                               AND o.created_at OPERATOR(pg_catalog.>=) (idempotency.cached_state()).w_to))))
              ORDER BY d.k
             ON CONFLICT DO NOTHING
             RETURNING x.key, x.tableoid, x.ctid)
         SELECT pg_catalog.array_agg(wr.key), pg_catalog.array_agg(wr.tableoid), pg_catalog.array_agg(wr.ctid),
-               (idempotency.cached_state()).upto
-          INTO fresh, parts, ctids, iver FROM written wr;
+               (idempotency.cached_state()).upto, (SELECT pg_catalog.array_agg(m.k) FROM d m WHERE m.maybe)
+          INTO fresh, parts, ctids, iver, maybes FROM written wr;
         IF fresh IS NULL
            OR (iver OPERATOR(pg_catalog.=) st.upto
-               AND pg_catalog.pg_sequence_last_value('idempotency.sealed_upto'::pg_catalog.regclass) OPERATOR(pg_catalog.=) iver) THEN
+               AND coalesce(pg_catalog.pg_sequence_last_value('idempotency.sealed_upto'::pg_catalog.regclass), 0) OPERATOR(pg_catalog.=) iver) THEN
             slow := false;
         ELSE
             PERFORM idempotency.seal_conflict('(batch)', idem_once_batch.scope)
@@ -288,18 +300,17 @@ BEGIN
             st := idempotency.call_state(NULL, true);
         END IF;
     END IF;
-    IF slow THEN
-        FOR k IN SELECT DISTINCT u.k FROM pg_catalog.unnest(idem_once_batch.keys) AS u(k) ORDER BY u.k LOOP
-            LOOP
-                one := idempotency.once_one(k, idem_once_batch.scope, st);
-                EXIT WHEN one IS NOT NULL;
-                st := idempotency.call_state(NULL, true);
-            END LOOP;
-            IF one THEN
-                fresh := fresh OPERATOR(pg_catalog.||) k;
-            END IF;
+    FOR k IN SELECT DISTINCT u.k FROM pg_catalog.unnest(CASE WHEN slow THEN idem_once_batch.keys ELSE maybes END) AS u(k)
+              ORDER BY u.k LOOP
+        LOOP
+            one := idempotency.once_one(k, idem_once_batch.scope, st);
+            EXIT WHEN one IS NOT NULL;
+            st := idempotency.call_state(NULL, true);
         END LOOP;
-    END IF;
+        IF one THEN
+            fresh := fresh OPERATOR(pg_catalog.||) k;
+        END IF;
+    END LOOP;
     -- Keys that were there were read, not written: under SERIALIZABLE, read them as a query does (see
     -- idempotency.once_one).
     IF pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'serializable' THEN

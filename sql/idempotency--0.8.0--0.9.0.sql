@@ -1,0 +1,6 @@
+-- 0.8.0 -> 0.9.0: the native extension's schema and what it stores do not change; there is nothing to do.
+-- 0.9.0 is a version of the SQL edition (sql/edition/: the key filters of its sealed partitions, a new table
+-- idempotency.sealed_keys and a column idempotency.sealed.filtered_keys; its upgrade
+-- sql/edition/upgrades/idempotency--0.8.0--0.9.0.sql), and the two editions share one version number, the
+-- crate's. ALTER EXTENSION idempotency UPDATE only records the new version, after PostgreSQL was restarted
+-- on the 0.9.0 library.
