@@ -67,7 +67,9 @@ pub fn init() {
     grants::init();
     pg::catalog::init(&[
         pg::layout::forget_layouts,
+        pg::leaves::forget_walk,
         pg::direct::forget_layouts,
+        pg::indexes::forget,
         lifecycle::partitions::forget_coverage,
         pg::sealed::forget,
         grants::forget,

@@ -123,7 +123,8 @@ pub fn insert_all(partition: pg_sys::Oid, rows: &[Row]) -> bool {
         let estate = pg_sys::CreateExecutorState();
         let result = pg_sys::palloc0(std::mem::size_of::<pg_sys::ResultRelInfo>()) as *mut pg_sys::ResultRelInfo;
         pg_sys::InitResultRelInfo(result, rel, 1, std::ptr::null_mut(), 0);
-        pg_sys::ExecOpenIndices(result, false);
+        // (The IndexInfos `result` points to, kept until the indexes are closed.)
+        let _indexes = super::indexes::open_indices(result);
         match slots.as_mut_slice() {
             [one] => pg_sys::simple_table_tuple_insert(rel, *one),
             many => {

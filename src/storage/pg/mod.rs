@@ -6,8 +6,8 @@
 //!   while the storage runs DDL or maintenance;
 //! - `probe`: index lookups without the executor (`layout`: where a partition keeps what they read;
 //!   `leaves`: the partitions they search; `tuple`: a record found); `latest`: reads under the latest
-//!   snapshot that take no SERIALIZABLE predicate locks; `direct`: row inserts without the executor, behind `writer`,
-//!   the one row writer;
+//!   snapshot that take no SERIALIZABLE predicate locks; `direct`: row inserts without the executor
+//!   (`indexes`: the indexes they fill), behind `writer`, the one row writer;
 //! - `catalog`: cached catalog facts and the invalidations that clear them; `bounds`: partition
 //!   bounds read from the catalog;
 //! - `keylock`: the per-key lock and the storage's other advisory locks; `holds`: keys held past the
@@ -25,6 +25,7 @@ pub mod document;
 pub mod filter;
 pub mod heldtable;
 pub mod holds;
+pub mod indexes;
 pub mod keylock;
 pub mod latest;
 pub mod layout;

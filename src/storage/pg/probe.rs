@@ -13,7 +13,6 @@
 //! `INSERT ... ON CONFLICT` finding an invisible conflict does. A record it finds gets a predicate lock on
 //! its row version alone, which a later writer of that version meets. A lookup without the key's lock
 //! ([`Prober::find`]) reads as a plan would, predicate locks included.
-use super::catalog;
 use super::keylock;
 use super::latest::{self, Latest};
 use super::layout;
@@ -89,7 +88,7 @@ impl Prober {
             // Rows moved out of sealed partitions may start as late as the newest seal's end.
             let horizon = xact::clock().max(known.sealed_to.unwrap_or(i64::MIN)) + FUTURE_MARGIN_US;
             // (Opening the record table may wait behind a partition drop: the snapshot is taken after.)
-            collect_leaves(catalog::records_oid(), Some(horizon), &mut leaves);
+            collect_leaves(horizon, &mut leaves);
             // Newest first: a duplicate is most likely a recent key.
             leaves.reverse();
             let parts = leaves
