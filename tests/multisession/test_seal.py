@@ -118,3 +118,44 @@ def test_no_key_slips_past_a_seal(cluster, report, round_):
     finally:
         with cluster.connect(dbname="postgres") as admin:
             admin.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
+
+
+
+def test_a_key_moved_past_a_seal_is_found(cluster):
+    """The interleaving behind a duplicate the racing test above caught, in a fixed order: session A begins
+    (its time in a partition that takes rows) with what it knows of the partitions cached; that partition is
+    sealed; B claims a key, which goes to the next partition; then A claims the same key, and must find B's
+    row, though what A had cached (the seal's end, up to which partitions past the clock are searched)
+    predates the seal. Twice: A's claim the first lookup of its transaction, then one after an earlier
+    lookup (the record table locked already, so no lock of A's claim processes the seal's invalidation)."""
+    db = "idem_seal_moved"
+    with cluster.connect(dbname="postgres") as admin:
+        admin.execute(f"DROP DATABASE IF EXISTS {db}")
+        admin.execute(f"CREATE DATABASE {db}")
+    try:
+        with cluster.connect(dbname=db) as conn:
+            pgtools.install_extension(conn)
+            conn.execute("SELECT FROM idem_maintenance()")
+        with cluster.connect(dbname=db) as a, cluster.connect(dbname=db) as b, cluster.connect(dbname=db) as sealer:
+            assert a.execute("SELECT idem_once('warm', 'seal')").fetchone()[0] is True
+            for key, earlier_call in (("k1", False), ("k2", True)):
+                assert a.execute("SELECT idem_once('warm', 'seal')").fetchone()[0] is False  # A's cache filled
+                a.execute("BEGIN")
+                start = a.execute("SELECT now()").fetchone()[0]
+                if earlier_call:
+                    assert a.execute("SELECT idem_once('warm', 'seal')").fetchone()[0] is False
+                target = sealer.execute(  # where a row created at A's start goes now
+                    "SELECT p.partition::oid FROM idempotency.partitions p WHERE p.range_to > %s AND NOT EXISTS"
+                    " (SELECT FROM idempotency.sealed s WHERE s.partition = p.partition::oid) ORDER BY p.range_to LIMIT 1",
+                    (start,)).fetchone()[0]
+                assert sealer.execute("SELECT idempotency.seal_partition(%s)", (target,)).fetchone()[0] is True
+                assert b.execute("SELECT idem_once(%s, 'seal')", (key,)).fetchone()[0] is True
+                moved = b.execute("SELECT tableoid <> %s FROM idempotency.records WHERE key = %s", (target, key)).fetchone()[0]
+                again = a.execute("SELECT idem_once(%s, 'seal')", (key,)).fetchone()[0]
+                a.execute("COMMIT")
+                rows = b.execute("SELECT count(*) FROM idempotency.records WHERE key = %s", (key,)).fetchone()[0]
+                assert moved, "B's row was not moved past the sealed partition"
+                assert (again, rows) == (False, 1), f"A claimed {key} after B (earlier call: {earlier_call}): {rows} rows"
+    finally:
+        with cluster.connect(dbname="postgres") as admin:
+            admin.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
