@@ -7,7 +7,10 @@ missed a key, or a row that landed in the partition after its seal, would show a
 a side effect applied twice, a sealed key answered as new, or more rows in the partition than it had
 when it was sealed.
 """
+import os
 import random
+import shutil
+import subprocess
 import threading
 import time
 
@@ -157,5 +160,84 @@ def test_a_key_moved_past_a_seal_is_found(cluster):
                 assert moved, "B's row was not moved past the sealed partition"
                 assert (again, rows) == (False, 1), f"A claimed {key} after B (earlier call: {earlier_call}): {rows} rows"
     finally:
+        with cluster.connect(dbname="postgres") as admin:
+            admin.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
+
+
+def _wait_until(check, what):
+    """Polls `check` until it is true: the sessions' states, never a guessed delay."""
+    deadline = time.monotonic() + 60
+    while not check():
+        assert time.monotonic() < deadline, f"never reached: {what}"
+        time.sleep(0.02)
+
+
+@pytest.mark.skipif(not (os.environ.get("IDEM_GDB_TESTS") and shutil.which("gdb")),
+                    reason="opt-in (IDEM_GDB_TESTS=1, and gdb): holds a backend in gdb")
+def test_a_seal_still_committing_is_waited_for(cluster):
+    """A seal is visible to other sessions before its backend sends its invalidation (PostgreSQL sends it
+    after the commit, before releasing the locks). Held there by gdb (at AtEOXact_Inval): B, a new session,
+    learns of the seal from its read and moves its key past the sealed partition; A, whose cache predates
+    the seal, then claims the same key and must find it, though no invalidation tells it of the seal yet. B
+    waits for the seal's locks before it writes, so A's lookup comes after the invalidation."""
+    db = "idem_seal_window"
+    with cluster.connect(dbname="postgres") as admin:
+        admin.execute(f"DROP DATABASE IF EXISTS {db}")
+        admin.execute(f"CREATE DATABASE {db}")
+    gdb = None
+    try:
+        with cluster.connect(dbname=db) as conn:
+            pgtools.install_extension(conn)
+            conn.execute("SELECT FROM idem_maintenance()")
+        with cluster.connect(dbname=db) as a, cluster.connect(dbname=db) as sealer, \
+                cluster.connect(dbname=db) as b:
+            assert a.execute("SELECT idem_once('warm', 'seal')").fetchone()[0] is True
+            a.execute("BEGIN")
+            start = a.execute("SELECT now()").fetchone()[0]
+            target = sealer.execute("SELECT partition::oid FROM idempotency.partitions WHERE range_from <= %s AND"
+                                    " range_to > %s", (start, start)).fetchone()[0]
+            a_pid, b_pid, s_pid = (c.execute("SELECT pg_backend_pid()").fetchone()[0] for c in (a, b, sealer))
+            gdb = subprocess.Popen(["gdb", "-q", "-nx", "-p", str(s_pid), "-ex", "break AtEOXact_Inval",
+                                    "-ex", "continue"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, text=True)
+            for line in gdb.stdout:
+                if line.startswith("Continuing."):
+                    break
+            else:
+                pytest.fail("gdb did not attach to the sealing backend")
+            answers = {}
+
+            def call(name, conn, sql):
+                answers[name] = conn.execute(sql).fetchone()[0]
+
+            def waits(pid):
+                return watch.execute("SELECT EXISTS (SELECT FROM pg_stat_activity WHERE pid = %s AND"
+                                     " wait_event_type = 'Lock')", (pid,)).fetchone()[0]
+
+            threads = [threading.Thread(target=call, args=(name, conn, f"SELECT {sql}")) for name, conn, sql in
+                       (("seal", sealer, f"idempotency.seal_partition({target})"),
+                        ("b", b, "idem_once('k', 'seal')"), ("a", a, "idem_once('k', 'seal')"))]
+            with cluster.connect(dbname=db) as watch:
+                threads[0].start()
+                # The seal committed (visible to others), its backend held before its invalidation is sent.
+                _wait_until(lambda: watch.execute("SELECT EXISTS (SELECT FROM idempotency.sealed)").fetchone()[0],
+                            "the seal's commit")
+                threads[1].start()
+                # B waits for the seal's locks (without them, it moves its key and commits) ...
+                _wait_until(lambda: "b" in answers or waits(b_pid), "B done or waiting")
+                threads[2].start()
+                # ... and A for B's key lock (or, had it missed B's row, for the sealed partition's lock).
+                _wait_until(lambda: "a" in answers or waits(a_pid), "A done or waiting")
+            gdb.communicate("detach\nquit\n", timeout=60)
+            gdb = None
+            for t in threads:
+                t.join()
+            a.execute("COMMIT")
+            rows = b.execute("SELECT count(*) FROM idempotency.records WHERE key = 'k'").fetchone()[0]
+            assert (answers["seal"], answers["b"]) == (True, True)
+            assert (answers["a"], rows) == (False, 1), f"A claimed the key B had claimed: {rows} rows"
+    finally:
+        if gdb is not None:
+            gdb.communicate("detach\nquit\n", timeout=60)
         with cluster.connect(dbname="postgres") as admin:
             admin.execute(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
