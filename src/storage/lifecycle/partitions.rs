@@ -23,8 +23,14 @@ thread_local! {
     static COVERED: Cell<Coverage> = const { Cell::new(NO_COVERAGE) };
 }
 
-const NO_COVERAGE: Coverage =
-    Coverage { lo: 0, from: 0, to: 0, partition: pg_sys::InvalidOid, sealed_to: None };
+const NO_COVERAGE: Coverage = Coverage {
+    lo: 0,
+    from: 0,
+    to: 0,
+    partition: pg_sys::InvalidOid,
+    sealed_to: None,
+    sealed_before: pg_sys::InvalidOid,
+};
 
 /// Forgets the partition holding the present when the record table's relcache entry is
 /// invalidated. Called by [`catalog`]'s callback.
@@ -45,6 +51,9 @@ struct Coverage {
     /// The end of the newest sealed partition, if any: a row routed by the record table itself
     /// (no partition found) gets at least this `created_at`, so no row reaches a sealed partition.
     sealed_to: Option<pg_sys::TimestampTz>,
+    /// The newest sealed partition whose range ends by `from` (none: InvalidOid): the last one a row
+    /// created before `from` is moved past.
+    sealed_before: pg_sys::Oid,
 }
 
 impl Coverage {
@@ -99,9 +108,13 @@ static COVERAGE_UNSEALED: Stmt = Stmt {
 };
 /// `$2` lists the sealed partitions (from `sealed`, read without predicate locks): the query reads no
 /// table of the storage (the view's join to `idempotency.sealed` goes, its columns unused), so it takes no
-/// predicate locks in a SERIALIZABLE caller's transaction.
+/// predicate locks in a SERIALIZABLE caller's transaction. Also the newest of them that ends by the
+/// partition's start.
 static COVERAGE: Stmt = Stmt {
-    sql: "SELECT p.range_from, p.range_to, p.partition
+    sql: "SELECT p.range_from, p.range_to, p.partition,
+                 (SELECT s.partition::oid FROM idempotency.partitions s
+                   WHERE s.partition::oid = ANY ($2) AND s.range_to <= p.range_from
+                   ORDER BY s.range_to DESC LIMIT 1)
             FROM (SELECT) AS one
             LEFT JOIN LATERAL (
                   SELECT v.range_from, v.range_to, v.partition::oid AS partition
@@ -195,9 +208,14 @@ fn read_coverage(conn: &Conn, ts: pg_sys::TimestampTz) -> Coverage {
         (conn.run(&COVERAGE_UNSEALED, &[ts_arg(ts)], Snap::Latest), None)
     };
     match (rows.get_ts(0, 1), rows.get_ts(0, 2), rows.get::<pg_sys::Oid>(0, 3)) {
-        (Some(from), Some(to), Some(partition)) => {
-            Coverage { lo: ts.min(from), from, to, partition, sealed_to }
-        }
+        (Some(from), Some(to), Some(partition)) => Coverage {
+            lo: ts.min(from),
+            from,
+            to,
+            partition,
+            sealed_to,
+            sealed_before: rows.get::<pg_sys::Oid>(0, 4).unwrap_or(pg_sys::InvalidOid),
+        },
         // No partition takes the row: the record table routes it (pg_partman's default
         // partition), to the sealed partitions' end at the earliest; an empty range, so the
         // next call looks again.
@@ -207,6 +225,7 @@ fn read_coverage(conn: &Conn, ts: pg_sys::TimestampTz) -> Coverage {
             to: ts,
             partition: pg_sys::InvalidOid,
             sealed_to,
+            sealed_before: pg_sys::InvalidOid,
         },
     }
 }
@@ -250,6 +269,12 @@ pub fn ensure_covered(conn: &Conn, ts: pg_sys::TimestampTz) {
 /// look again. It also keeps a maintenance round (one aging data with a future `as_of`) from
 /// dropping the partition before the insert; if one dropped it before, the invalidation makes us
 /// look again too, and make it again as at the start of the call.
+///
+/// A row moved past sealed partitions first takes the same lock on the last of them, which waits for its
+/// seal if that is still committing: a seal is visible before its invalidation is sent (PostgreSQL sends
+/// it after the commit, before releasing the locks), so this backend may have learned of it from a fresh
+/// read while another has not yet, and that one's lookup of the key, once this transaction has committed,
+/// must know of the seal to search the partition the row is moved to (see `probe::Prober::open`).
 pub fn insert_target(conn: &Conn, ts: pg_sys::TimestampTz) -> (pg_sys::Oid, pg_sys::TimestampTz) {
     for _ in 0..10 {
         ensure_covered(conn, ts);
@@ -257,9 +282,14 @@ pub fn insert_target(conn: &Conn, ts: pg_sys::TimestampTz) -> (pg_sys::Oid, pg_s
         if !(c.holds(ts) && c.partition != pg_sys::InvalidOid) {
             break;
         }
-        // SAFETY: locks an existing partition's oid for the insert that follows, as the executor would;
-        // if the partition was dropped or sealed meanwhile, the invalidation makes us look again below.
-        unsafe { pg_sys::LockRelationOid(c.partition, pg_sys::RowExclusiveLock as i32) };
+        // SAFETY: locks partitions' oids, as the executor would for the insert that follows (one dropped
+        // meanwhile is only an oid); if the target was dropped or sealed, the invalidation makes us look again.
+        unsafe {
+            if ts < c.from && c.sealed_before != pg_sys::InvalidOid {
+                pg_sys::LockRelationOid(c.sealed_before, pg_sys::RowExclusiveLock as i32);
+            }
+            pg_sys::LockRelationOid(c.partition, pg_sys::RowExclusiveLock as i32)
+        };
         if COVERED.with(|now| now.get().partition) == c.partition {
             return (c.partition, ts.max(c.from));
         }

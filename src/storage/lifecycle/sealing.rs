@@ -10,7 +10,11 @@
 //! invalidation: a writer that arrives after the seal learns that the partition is sealed and puts
 //! its row into the first partition that is not (with `created_at` moved to that partition's
 //! start), whatever its transaction's start time or the clock say. So a filter holds every key its
-//! partition will ever hold; keys deleted later only make it answer "maybe" more often.
+//! partition will ever hold; keys deleted later only make it answer "maybe" more often. A lookup processes
+//! the invalidation too, once it holds its keys' locks (see `probe::Prober::open`): a key moved past the
+//! seal may lie in a partition ahead of the clock, which it searches only when it knows of the seal. (A
+//! writer that learned of a seal from a fresh read, between its commit and its invalidation, waits for its
+//! lock before moving a row past it: see `partitions::insert_target`.)
 //!
 //! **Format** (on disk, part of the upgrade contract): a split block Bloom filter as Parquet
 //! specifies it (32-byte blocks of eight 32-bit words, one bit set per word by eight fixed salts),

@@ -71,6 +71,18 @@ pub struct Prober {
 
 impl Prober {
     pub fn open(scope: &str) -> Prober {
+        // What the backend knows of the sealed partitions must be no older than the writes of the keys looked
+        // up that committed before the caller took their locks: a row moved past a partition sealed since
+        // lies beyond the clock, where only the newest seal's end (`sealed_to`) takes the search. A seal's
+        // invalidation is processed when the backend takes a lock it did not hold, which a lookup may not do
+        // (a key's lock is an advisory one, the record table is locked since an earlier call of the
+        // transaction): so the record table is locked and the queue read here, before `sealed()`.
+        // SAFETY: inside a transaction; locks the record table as `collect_leaves` below opens it (the lock
+        // stays until the transaction ends), then processes pending invalidations as a lock taken would.
+        unsafe {
+            pg_sys::LockRelationOid(catalog::records_oid(), pg_sys::AccessShareLock as i32);
+            pg_sys::AcceptInvalidationMessages();
+        }
         let known = sealed::sealed();
         // SAFETY: called inside a transaction (from a SQL function): the snapshot is registered here and
         // unregistered when `latest` drops (or released by the abort); the record table is opened and locked by
