@@ -13,6 +13,7 @@
 //! `INSERT ... ON CONFLICT` finding an invisible conflict does. A record it finds gets a predicate lock on
 //! its row version alone, which a later writer of that version meets. A lookup without the key's lock
 //! ([`Prober::find`]) reads as a plan would, predicate locks included.
+use super::catalog;
 use super::keylock;
 use super::latest::{self, Latest};
 use super::layout;
