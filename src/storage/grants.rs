@@ -161,7 +161,11 @@ pub fn allowed(kind: Kind, name: &str) -> bool {
     if KNOWN.with_borrow(|k| k.is_some()) {
         return decide(kind, name);
     }
-    let (known, settled) = catalog::read_for_cache(load);
+    let table = table_oid();
+    let (known, settled) = catalog::read_for_cache(load, |_, what| match what {
+        Invalidated::RecordTable => true,
+        Invalidated::Relation(relid) => relid == table,
+    });
     KNOWN.with_borrow_mut(|k| *k = Some(known));
     let answer = decide(kind, name);
     if !settled {

@@ -191,7 +191,8 @@ pub fn create_missing(conn: &Conn, as_of: pg_sys::TimestampTz) -> i32 {
 
 /// Finds (and remembers) where rows created at `ts` go.
 fn look_up_coverage(conn: &Conn, ts: pg_sys::TimestampTz) {
-    let (range, settled) = catalog::read_for_cache(|| read_coverage(conn, ts));
+    let (range, settled) =
+        catalog::read_for_cache(|| read_coverage(conn, ts), |_, what| matches!(what, Invalidated::RecordTable));
     if !settled {
         // A partition of the last read may be gone already: nothing safe to write to.
         crate::errors::partitions_changing();

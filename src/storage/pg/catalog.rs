@@ -6,7 +6,7 @@
 //! (registered with [`init`]) what was invalidated.
 use pgrx::pg_sys;
 use pgrx::prelude::*;
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 
 /// What a relcache invalidation covered.
 #[derive(Clone, Copy)]
@@ -22,30 +22,86 @@ thread_local! {
     static RECORDS_OWNER: Cell<pg_sys::Oid> = const { Cell::new(pg_sys::InvalidOid) };
     static TOKEN_SEQ_OID: Cell<pg_sys::Oid> = const { Cell::new(pg_sys::InvalidOid) };
     static LISTENERS: Cell<&'static [fn(Invalidated)]> = const { Cell::new(&[]) };
-    /// How many relcache invalidations this backend has processed (see [`read_for_cache`]).
-    static EPOCH: Cell<u64> = const { Cell::new(0) };
+    /// The invalidations processed during each [`read_for_cache`] under way, innermost last (None for a
+    /// read that saw more than [`SEEN_BOUND`]: all of them then count).
+    static SEEN: RefCell<Vec<Option<Vec<Invalidated>>>> = const { RefCell::new(Vec::new()) };
 }
 
 /// How many times [`read_for_cache`] reads before it gives up keeping what it read.
 const READS: usize = 5;
 
-/// Reads what a cache will keep until the next invalidation, so that it is not kept stale.
+/// How many invalidations a read remembers before it counts itself stale whatever they were.
+const SEEN_BOUND: usize = 64;
+
+/// Reads what a cache will keep until the next invalidation that makes it stale, so that it is not kept
+/// stale.
 ///
 /// A read under a snapshot taken before a concurrent commit still sees what that commit dropped or
 /// changed, and the commit's invalidation can be processed while the read runs (any lock it takes
 /// for the first time in the transaction processes the queue): kept after that, the result would
-/// be stale and nothing would ever tell the cache. So `read` runs again while an invalidation
-/// arrived during it. Returns the result and whether it may be kept: false after [`READS`] reads
-/// that each saw one (the result is then as good as any concurrent read, for this call only).
-pub fn read_for_cache<T>(mut read: impl FnMut() -> T) -> (T, bool) {
-    for _ in 1..READS {
-        let before = EPOCH.with(|e| e.get());
-        let result = read();
-        if EPOCH.with(|e| e.get()) == before {
-            return (result, true);
+/// be stale and nothing would ever tell the cache. So `read` runs again while an invalidation that
+/// `stale` says concerns its result (the one that would make the cache's listener forget it) arrived
+/// during it. Others do not count: statistics, a consumer's own tables, a vacuum's relation sizes send
+/// invalidations all the time, and a read that counted them could miss every one of its chances on a
+/// busy server (the clock layer's month did, with a 40001 from `partitions_changing`). Returns the
+/// result and whether it may be kept: false after [`READS`] reads that each saw one (the result is then
+/// as good as any concurrent read, for this call only).
+pub fn read_for_cache<T>(mut read: impl FnMut() -> T, stale: impl Fn(&T, Invalidated) -> bool) -> (T, bool) {
+    let mut attempt = 1;
+    loop {
+        let (result, seen) = {
+            let frame = Frame::push();
+            let result = read();
+            (result, frame.pop())
+        };
+        let kept = seen.is_some_and(|seen| !seen.into_iter().any(|what| stale(&result, what)));
+        if kept || attempt == READS {
+            return (result, kept);
         }
+        attempt += 1;
     }
-    (read(), false)
+}
+
+/// A read's record of the invalidations processed during it; taken off [`SEEN`] when dropped (a read
+/// that ends in an ERROR unwinds through it).
+struct Frame {
+    depth: usize,
+}
+
+impl Frame {
+    fn push() -> Frame {
+        SEEN.with_borrow_mut(|s| {
+            s.push(Some(Vec::new()));
+            Frame { depth: s.len() }
+        })
+    }
+
+    /// What the read saw (None: too many to list).
+    fn pop(self) -> Option<Vec<Invalidated>> {
+        let seen = SEEN.with_borrow_mut(|s| s.get_mut(self.depth - 1).and_then(Option::take));
+        drop(self);
+        seen
+    }
+}
+
+impl Drop for Frame {
+    fn drop(&mut self) {
+        SEEN.with_borrow_mut(|s| s.truncate(self.depth - 1));
+    }
+}
+
+/// Adds `what` to every read under way.
+fn record(what: Invalidated) {
+    SEEN.with_borrow_mut(|s| {
+        for frame in s.iter_mut() {
+            if frame.as_ref().is_some_and(|seen| seen.len() >= SEEN_BOUND) {
+                *frame = None;
+            }
+            if let Some(seen) = frame {
+                seen.push(what);
+            }
+        }
+    });
 }
 
 /// Registers the relcache callback, which also calls `listeners`. Called once per process, from
@@ -64,7 +120,6 @@ pub fn init(listeners: &'static [fn(Invalidated)]) {
 unsafe extern "C-unwind" fn forget(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
     // Without the record table's oid at hand, any relation may be it: forget everything rather
     // than keep a partition that is gone (the oid is cached again at the next lookup).
-    EPOCH.with(|e| e.set(e.get().wrapping_add(1)));
     let records = RECORDS_OID.with(|r| r.get());
     let what = if relid == pg_sys::InvalidOid || records == pg_sys::InvalidOid || relid == records {
         RECORDS_OID.with(|r| r.set(pg_sys::InvalidOid));
@@ -74,6 +129,7 @@ unsafe extern "C-unwind" fn forget(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
     } else {
         Invalidated::Relation(relid)
     };
+    record(what);
     for listener in LISTENERS.with(|l| l.get()) {
         listener(what);
     }

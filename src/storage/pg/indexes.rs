@@ -60,7 +60,15 @@ pub unsafe fn open_indices(result: *mut pg_sys::ResultRelInfo) -> Kept {
         Some(kept) => kept,
         None => {
             // (Opening the indexes may process invalidations: what was read meanwhile is not kept.)
-            let (built, settled) = super::catalog::read_for_cache(|| build(rel));
+            let (built, settled) = super::catalog::read_for_cache(
+                || build(rel),
+                |built, what| match what {
+                    Invalidated::RecordTable => true,
+                    Invalidated::Relation(r) => {
+                        r == relid || built.as_ref().is_some_and(|i| i.list.iter().any(|(index, _)| *index == r))
+                    }
+                },
+            );
             if settled {
                 KEPT.with_borrow_mut(|k| k.insert(relid, built.clone()));
             }

@@ -59,7 +59,13 @@ pub unsafe fn collect_leaves(horizon: pg_sys::TimestampTz, out: &mut Vec<pg_sys:
     let walk = match WALK.with_borrow(|w| w.clone()) {
         Some(walk) if lock_partitioned(&walk) => walk,
         _ => {
-            let ((walk, detaching), settled) = catalog::read_for_cache(|| walk_from(records));
+            let ((walk, detaching), settled) = catalog::read_for_cache(
+                || walk_from(records),
+                |(walk, _), what| match what {
+                    Invalidated::RecordTable => true,
+                    Invalidated::Relation(relid) => walk.partitioned.contains(&relid),
+                },
+            );
             let walk = Rc::new(walk);
             // (Not kept while a partition is being detached concurrently: which partitions the
             // descriptor omits then depends on the snapshot.)

@@ -80,7 +80,7 @@ pub fn sealed() -> Rc<Sealed> {
         SEALED.with(|s| *s.borrow_mut() = Some(known.clone()));
         return known;
     }
-    let (known, settled) = catalog::read_for_cache(load);
+    let (known, settled) = catalog::read_for_cache(load, |_, what| matches!(what, Invalidated::RecordTable));
     let known = Rc::new(known);
     // Unsettled: used for this call only (knowing less than the truth is safe, see above).
     if settled {
