@@ -129,12 +129,19 @@ COMMENT ON TABLE idempotency.sealed IS 'Sealed partitions of idempotency.records
 -- print found means the key may be there (the call then reads the partitions' indexes); none found means
 -- it is not (a sealed partition takes no new rows). Written by idempotency.filter_sealed in the first
 -- maintenance round after the seal; until then a sealed partition is read through its index.
+-- The prints are in the index too (INCLUDE), so that a call reads a bucket from the index alone (an
+-- index-only scan: one descent, no heap page per partition) once the rows are all-visible, which
+-- autovacuum makes them soon after they are written (its insert threshold is 1,000 rows here, whatever
+-- the table's size). A row holds at most 256 prints (chunk numbers the rows of a bucket and partition
+-- beyond that), so that an index entry stays far below the 2,704 bytes a B-tree entry may take, however
+-- many keys a partition holds or however a caller chose its keys.
 CREATE TABLE idempotency.sealed_keys (
     bucket    integer NOT NULL,
     partition regclass NOT NULL,
+    chunk     integer NOT NULL,
     prints    integer[] NOT NULL,
-    PRIMARY KEY (bucket, partition)
-);
+    PRIMARY KEY (bucket, partition, chunk) INCLUDE (prints)
+) WITH (autovacuum_vacuum_insert_threshold = 1000, autovacuum_vacuum_insert_scale_factor = 0);
 COMMENT ON TABLE idempotency.sealed_keys IS
 'Key filters of the sealed partitions of idempotency.records (written by maintenance): where a new key is looked for first.';
 

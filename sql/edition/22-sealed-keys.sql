@@ -30,15 +30,20 @@ LANGUAGE sql STABLE PARALLEL SAFE AS $$
        AND (h OPERATOR(pg_catalog.&) 2147483647) OPERATOR(pg_catalog.=) ANY (f.prints)
 $$;
 
--- Writes the filter of a sealed partition: the prints of all its keys, by bucket, in one statement (about
--- 3 s for 600,000 keys). NULL when the partition is not sealed or has its filter already. A sealed partition
--- takes no new rows (the seal waited for every transaction that wrote there), so the filter holds every key
--- it will hold; a key deleted later only makes the filter answer "maybe".
-CREATE FUNCTION idempotency.filter_sealed(part regclass) RETURNS bigint
+-- Writes the filter of a sealed partition: the prints of all its keys, by bucket, at most per_row of them
+-- in a row (idempotency.sealed_keys: the index holds them too), in one statement (about 3 s for 600,000
+-- keys). NULL when the partition is not sealed or has its filter already. A sealed partition takes no new
+-- rows (the seal waited for every transaction that wrote there), so the filter holds every key it will
+-- hold; a key deleted later only makes the filter answer "maybe".
+CREATE FUNCTION idempotency.filter_sealed(part regclass, per_row integer DEFAULT 256) RETURNS bigint
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     n bigint;
 BEGIN
+    IF per_row IS NULL OR per_row OPERATOR(pg_catalog.<) 1 OR per_row OPERATOR(pg_catalog.>) 512 THEN
+        RAISE EXCEPTION 'idempotency: per_row must be between 1 and 512'
+            USING ERRCODE = '22023', DETAIL = pg_catalog.format('per_row is %s.', coalesce(per_row::text, 'NULL'));
+    END IF;
     PERFORM FROM idempotency.sealed x
       WHERE x.partition OPERATOR(pg_catalog.=) part AND x.filtered_keys IS NULL
         FOR UPDATE;
@@ -48,14 +53,16 @@ BEGIN
     DELETE FROM idempotency.sealed_keys f WHERE f.partition OPERATOR(pg_catalog.=) part;
     EXECUTE pg_catalog.format(
         'WITH written AS (
-             INSERT INTO idempotency.sealed_keys (bucket, partition, prints)
-             SELECT (k.h OPERATOR(pg_catalog.>>) 48)::integer, $1,
-                    pg_catalog.array_agg((k.h OPERATOR(pg_catalog.&) 2147483647)::integer)
-               FROM (SELECT idempotency.key_hash(x.key, x.scope) AS h FROM %s x) k
-              GROUP BY 1
+             INSERT INTO idempotency.sealed_keys (bucket, partition, chunk, prints)
+             SELECT k.b, $1, (k.n OPERATOR(pg_catalog./) $2)::integer, pg_catalog.array_agg(k.p)
+               FROM (SELECT y.b, y.p, pg_catalog.row_number() OVER (PARTITION BY y.b) OPERATOR(pg_catalog.-) 1 AS n
+                       FROM (SELECT (x.h OPERATOR(pg_catalog.>>) 48)::integer AS b,
+                                    (x.h OPERATOR(pg_catalog.&) 2147483647)::integer AS p
+                               FROM (SELECT idempotency.key_hash(r.key, r.scope) AS h FROM %s r) x) y) k
+              GROUP BY k.b, k.n OPERATOR(pg_catalog./) $2
              RETURNING pg_catalog.cardinality(prints) AS c)
          SELECT coalesce(pg_catalog.sum(w.c), 0)::bigint FROM written w', part)
-      INTO n USING part;
+      INTO n USING part, per_row;
     UPDATE idempotency.sealed x SET filtered_keys = n WHERE x.partition OPERATOR(pg_catalog.=) part;
     RETURN n;
 END

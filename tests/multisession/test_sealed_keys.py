@@ -94,6 +94,30 @@ def test_sealed_keys_are_found_before_and_after_their_filters(cluster, db):
 
 
 @pytest.mark.skipif(not pgtools.sql_edition(), reason="the SQL edition's filter table")
+def test_a_bucket_past_a_rows_prints_takes_more_rows(cluster, db):
+    """A bucket of a partition with more prints than a row holds (256 in production: thousands of keys in a
+    bucket, from a partition of tens of millions of keys or from keys chosen to collide) spreads over rows,
+    each a B-tree entry of the index that answers the calls. Here a row holds one print: every key is still
+    found, and after a VACUUM (autovacuum's, in production) a call reads the bucket from the index alone."""
+    with cluster.connect(dbname=db) as conn:
+        with pytest.raises(Exception) as bad:
+            conn.execute("SELECT idempotency.filter_sealed(partition, 0) FROM idempotency.sealed LIMIT 1")
+        assert getattr(bad.value, "sqlstate", None) == "22023", bad.value
+        conn.execute("UPDATE idempotency.sealed SET filtered_keys = NULL")
+        written = conn.execute("SELECT idempotency.filter_sealed(partition, 1) FROM idempotency.sealed").fetchall()
+        assert written == [(PER_DAY,)] * DAYS, written
+        rows, widest, chunks = conn.execute(
+            "SELECT count(*), max(cardinality(prints)), max(chunk) FROM idempotency.sealed_keys").fetchone()
+        assert (rows, widest) == (DAYS * PER_DAY, 1), (rows, widest)
+        assert chunks >= 1, "no bucket of a partition spread over rows: the test does not test that"
+        _check(conn, "one print a row")
+        conn.execute("VACUUM (ANALYZE) idempotency.sealed_keys")
+        plan = "\n".join(r[0] for r in conn.execute(
+            "EXPLAIN SELECT EXISTS (SELECT FROM idempotency.sealed_key_matches(idempotency.key_hash('k1', 'default')))"))
+        assert "Index Only Scan using sealed_keys_pkey" in plan, plan
+
+
+@pytest.mark.skipif(not pgtools.sql_edition(), reason="the SQL edition's filter table")
 def test_a_dropped_partition_takes_its_filter_along(cluster, db):
     with cluster.connect(dbname=db) as conn:
         as_of = conn.execute("SELECT date_trunc('day', max(created_at)) + interval '1 day' FROM idempotency.records"

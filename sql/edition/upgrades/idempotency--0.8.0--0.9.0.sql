@@ -16,9 +16,10 @@ ALTER TABLE idempotency.sealed ADD COLUMN filtered_keys bigint;
 CREATE TABLE idempotency.sealed_keys (
     bucket    integer NOT NULL,
     partition regclass NOT NULL,
+    chunk     integer NOT NULL,
     prints    integer[] NOT NULL,
-    PRIMARY KEY (bucket, partition)
-);
+    PRIMARY KEY (bucket, partition, chunk) INCLUDE (prints)
+) WITH (autovacuum_vacuum_insert_threshold = 1000, autovacuum_vacuum_insert_scale_factor = 0);
 COMMENT ON TABLE idempotency.sealed_keys IS
 'Key filters of the sealed partitions of idempotency.records (written by maintenance): where a new key is looked for first.';
 DO $$
