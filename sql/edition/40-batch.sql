@@ -109,6 +109,21 @@ BEGIN
             answers := NULL; tokens := NULL;
             st := idempotency.call_state(NULL, true);
         END IF;
+        -- Keys whose record in the write partition is settled (a batch delivered again): answered from those rows
+        -- in one read, as idempotency.claim_one answers them (a seal since changes no row: the answers stand).
+        -- Not when every key was written.
+        IF coalesce(pg_catalog.cardinality(answers), 0) OPERATOR(pg_catalog.<) pg_catalog.cardinality(idem_claim_batch.keys) THEN
+            answers := coalesce(answers, '{}') OPERATOR(pg_catalog.||) ARRAY(
+                SELECT ROW(x.key, x.status, CASE WHEN x.status OPERATOR(pg_catalog.=) 'completed' THEN x.token END, x.attempts,
+                           CASE WHEN x.status OPERATOR(pg_catalog.=) 'completed' THEN x.payload ELSE x.error END,
+                           NULL)::idempotency.claim_answer
+                  FROM idempotency.records x
+                 WHERE x.created_at OPERATOR(pg_catalog.>=) (idempotency.cached_state()).w_from
+                   AND x.created_at OPERATOR(pg_catalog.<) (idempotency.cached_state()).w_to
+                   AND x.key OPERATOR(pg_catalog.=) ANY (idem_claim_batch.keys)
+                   AND x.scope OPERATOR(pg_catalog.=) idem_claim_batch.scope
+                   AND x.status OPERATOR(pg_catalog.=) ANY ('{completed,failed}'::text[]));
+        END IF;
     END IF;
     answers := coalesce(answers, '{}');
     -- The others, one by one in key order: what the single claim answers.
