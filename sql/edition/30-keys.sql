@@ -317,7 +317,28 @@ BEGIN
                 RETURN;
             END IF;
             conflicted := ok IS NULL;   -- the key is in the write partition: claim_one reads it
-            IF NOT conflicted THEN
+            IF conflicted THEN
+                -- Settled there (a message delivered again): answered from its row, as claim_one answers it. A
+                -- pending one (a lease, this transaction's own claim) goes the long way.
+                SELECT x.status, x.token, x.attempts, x.payload, x.error, x.fingerprint INTO c FROM idempotency.records x
+                 WHERE x.created_at OPERATOR(pg_catalog.>=) (idempotency.cached_state()).w_from
+                   AND x.created_at OPERATOR(pg_catalog.<) (idempotency.cached_state()).w_to
+                   AND x.key OPERATOR(pg_catalog.=) idem_claim.key AND x.scope OPERATOR(pg_catalog.=) idem_claim.scope
+                   AND x.status OPERATOR(pg_catalog.=) ANY ('{completed,failed}'::text[]);
+                IF FOUND THEN
+                    idem_claim.attempts := c.attempts; idem_claim.token := NULL; idem_claim.payload := NULL;
+                    IF c.fingerprint IS NOT NULL AND idem_claim.fingerprint IS NOT NULL
+                       AND c.fingerprint OPERATOR(pg_catalog.<>) idem_claim.fingerprint THEN
+                        outcome := 'mismatch';
+                    ELSIF c.status OPERATOR(pg_catalog.=) 'completed' THEN
+                        outcome := 'completed'; idem_claim.token := c.token; idem_claim.payload := c.payload;
+                    ELSE
+                        outcome := 'failed'; idem_claim.payload := c.error;
+                    END IF;
+                    RETURN NEXT;
+                    RETURN;
+                END IF;
+            ELSE
                 -- A seal (or another change of the state) while this ran: the row may be where later claims of
                 -- the key do not look. Deleted; claimed again the long way.
                 DELETE FROM idempotency.records x
