@@ -96,14 +96,18 @@ unsafe extern "C-unwind" fn roles_changed(_arg: pg_sys::Datum, _cache: i32, _has
 /// Forgets the grants when `idempotency.scope_grants` (or every relation) was invalidated. Called by
 /// the catalog's relcache callback.
 pub fn forget(what: Invalidated) {
-    let table = TABLE.with(|t| t.get());
-    let hit = match what {
-        Invalidated::RecordTable => true,
-        Invalidated::Relation(relid) => relid == table,
-    };
-    if hit {
+    if stale(TABLE.with(|t| t.get()), what) {
         KNOWN.with_borrow_mut(|k| *k = None);
         TABLE.with(|t| t.set(pg_sys::InvalidOid));
+    }
+}
+
+/// Whether `what` makes the grants read from `table` (the grants table's oid) stale: an invalidation of the
+/// record table (or of every relation), or of the grants table.
+fn stale(table: pg_sys::Oid, what: Invalidated) -> bool {
+    match what {
+        Invalidated::RecordTable => true,
+        Invalidated::Relation(relid) => relid == table,
     }
 }
 
@@ -162,10 +166,7 @@ pub fn allowed(kind: Kind, name: &str) -> bool {
         return decide(kind, name);
     }
     let table = table_oid();
-    let (known, settled) = catalog::read_for_cache(load, |_, what| match what {
-        Invalidated::RecordTable => true,
-        Invalidated::Relation(relid) => relid == table,
-    });
+    let (known, settled) = catalog::read_for_cache(load, |_, what| stale(table, what));
     KNOWN.with_borrow_mut(|k| *k = Some(known));
     let answer = decide(kind, name);
     if !settled {

@@ -39,12 +39,18 @@ thread_local! {
 /// or of all of them. Called by [`super::catalog`]'s callback. (An insert under way keeps its own
 /// reference until it closes the indexes.)
 pub fn forget(what: Invalidated) {
-    KEPT.with_borrow_mut(|kept| match what {
-        Invalidated::RecordTable => kept.clear(),
-        Invalidated::Relation(relid) => kept.retain(|part, indexes| {
-            *part != relid && !indexes.as_ref().is_some_and(|i| i.list.iter().any(|(index, _)| *index == relid))
-        }),
-    });
+    KEPT.with_borrow_mut(|kept| kept.retain(|part, indexes| !stale(*part, indexes, what)));
+}
+
+/// Whether `what` makes what is kept of partition `part` stale: an invalidation of the record table, of the
+/// partition or of one of its indexes.
+fn stale(part: pg_sys::Oid, kept: &Kept, what: Invalidated) -> bool {
+    match what {
+        Invalidated::RecordTable => true,
+        Invalidated::Relation(relid) => {
+            part == relid || kept.as_ref().is_some_and(|i| i.list.iter().any(|(index, _)| *index == relid))
+        }
+    }
 }
 
 /// Opens the indexes of `result`'s relation for inserts (`RowExclusiveLock`), as `ExecOpenIndices`
@@ -60,15 +66,8 @@ pub unsafe fn open_indices(result: *mut pg_sys::ResultRelInfo) -> Kept {
         Some(kept) => kept,
         None => {
             // (Opening the indexes may process invalidations: what was read meanwhile is not kept.)
-            let (built, settled) = super::catalog::read_for_cache(
-                || build(rel),
-                |built, what| match what {
-                    Invalidated::RecordTable => true,
-                    Invalidated::Relation(r) => {
-                        r == relid || built.as_ref().is_some_and(|i| i.list.iter().any(|(index, _)| *index == r))
-                    }
-                },
-            );
+            let (built, settled) =
+                super::catalog::read_for_cache(|| build(rel), |built, what| stale(relid, built, what));
             if settled {
                 KEPT.with_borrow_mut(|k| k.insert(relid, built.clone()));
             }

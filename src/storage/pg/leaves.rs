@@ -34,14 +34,18 @@ thread_local! {
 /// it, is invalidated. Called by [`catalog`]'s callback.
 pub fn forget_walk(what: Invalidated) {
     WALK.with_borrow_mut(|w| {
-        let stale = match what {
-            Invalidated::RecordTable => true,
-            Invalidated::Relation(relid) => w.as_ref().is_some_and(|walk| walk.partitioned.contains(&relid)),
-        };
-        if stale {
+        if w.as_ref().is_some_and(|walk| stale(walk, what)) {
             *w = None;
         }
     });
+}
+
+/// Whether `what` makes `walk` stale: an invalidation of the record table, or of a partitioned table under it.
+fn stale(walk: &Walk, what: Invalidated) -> bool {
+    match what {
+        Invalidated::RecordTable => true,
+        Invalidated::Relation(relid) => walk.partitioned.contains(&relid),
+    }
 }
 
 /// The leaf partitions of the record table, oldest range first (partition descriptors list partitions
@@ -59,13 +63,8 @@ pub unsafe fn collect_leaves(horizon: pg_sys::TimestampTz, out: &mut Vec<pg_sys:
     let walk = match WALK.with_borrow(|w| w.clone()) {
         Some(walk) if lock_partitioned(&walk) => walk,
         _ => {
-            let ((walk, detaching), settled) = catalog::read_for_cache(
-                || walk_from(records),
-                |(walk, _), what| match what {
-                    Invalidated::RecordTable => true,
-                    Invalidated::Relation(relid) => walk.partitioned.contains(&relid),
-                },
-            );
+            let ((walk, detaching), settled) =
+                catalog::read_for_cache(|| walk_from(records), |(walk, _), what| stale(walk, what));
             let walk = Rc::new(walk);
             // (Not kept while a partition is being detached concurrently: which partitions the
             // descriptor omits then depends on the snapshot.)
