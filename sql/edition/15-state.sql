@@ -201,16 +201,39 @@ $$;
 
 -- Whether a key call may take its common path, which reads the state as the constants of
 -- idempotency.cached_state (folded into each statement's plan, so that a statement reads only the partitions
--- they name): their version (upto) when the call may, else -1 and the call takes the long way
--- (idempotency.call_state). It may in a READ COMMITTED, read-write transaction whose session set none of the
--- idempotency.* limits the call reads (lease: lease_ttl and max_lease_ttl; payload: max_payload_bytes;
--- always max_key_bytes and require_scope_grants); writing: when the write partition is there and covers now.
--- Whether the constants still match sealed_upto a writing call learns after its write (in its RETURNING,
--- after the write partition's lock): a seal that committed before this transaction began has replaced the
--- constants already (a change of cached_state invalidates the plans that folded them), so only a seal
--- during the call can make them stale. Inlined into the calls, with constant arguments: one expression of
--- the few function calls the call needs (each costs a key call's transaction about as much as its row lookup).
+-- they name): their version (upto) when the call may, else -1 and the call tries
+-- idempotency.fast_version_native, then takes the long way (idempotency.call_state). It may in a READ
+-- COMMITTED, read-write transaction whose session set none of the idempotency.* limits the call reads (lease:
+-- lease_ttl and max_lease_ttl; payload: max_payload_bytes; always max_key_bytes and require_scope_grants);
+-- writing: when the write partition is there and covers now. Whether the constants still match sealed_upto a
+-- writing call learns after its write (after the write partition's lock): a seal that committed before this
+-- transaction began has replaced the constants already (a change of cached_state invalidates the plans that
+-- folded them), so only a seal during the call can make them stale. Inlined into the calls, with constant
+-- arguments: one expression of the fewest function calls (PostgreSQL builds each call's state, with its
+-- EXECUTE privilege check, once per transaction: each costs a key call's transaction about 1,000 instructions,
+-- and the whole call about 300,000).
 CREATE FUNCTION idempotency.fast_version(writing boolean, lease boolean, payload boolean) RETURNS bigint
+LANGUAGE sql AS $$
+    SELECT CASE WHEN pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed'
+                 AND pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'off'
+                 -- none set in this session (a placeholder set once, even to '', goes to fast_version_native)
+                 AND pg_catalog.num_nonnulls(pg_catalog.current_setting('idempotency.max_key_bytes', true),
+                                             pg_catalog.current_setting('idempotency.require_scope_grants', true),
+                                             CASE WHEN lease THEN pg_catalog.current_setting('idempotency.lease_ttl', true) END,
+                                             CASE WHEN lease THEN pg_catalog.current_setting('idempotency.max_lease_ttl', true) END,
+                                             CASE WHEN payload THEN pg_catalog.current_setting('idempotency.max_payload_bytes', true) END)
+                     OPERATOR(pg_catalog.=) 0
+                 AND (NOT writing OR pg_catalog.to_regclass((idempotency.cached_state()).w_name) IS NOT NULL)
+                 AND (NOT writing OR (idempotency.cached_state()).w_at_seal
+                      OR (idempotency.cached_state()).w_from OPERATOR(pg_catalog.<=) pg_catalog.now())
+                THEN (idempotency.cached_state()).upto ELSE -1 END
+$$;
+
+-- fast_version where it said -1: the same test, but the idempotency.* settings may also be set to nothing
+-- (a placeholder set, then reset), or to the native extension's defaults as its library shows them
+-- (src/gucs.rs) when they change nothing here (a cluster that loads the native library). A statement of its
+-- own, so that the common case builds none of it.
+CREATE FUNCTION idempotency.fast_version_native(writing boolean, lease boolean, payload boolean) RETURNS bigint
 LANGUAGE sql AS $$
     SELECT CASE WHEN pg_catalog.concat(pg_catalog.current_setting('transaction_isolation'),
                                        pg_catalog.current_setting('transaction_read_only'),
@@ -219,8 +242,6 @@ LANGUAGE sql AS $$
                                        CASE WHEN lease THEN pg_catalog.concat(pg_catalog.current_setting('idempotency.lease_ttl', true),
                                                                               pg_catalog.current_setting('idempotency.max_lease_ttl', true)) END,
                                        CASE WHEN payload THEN pg_catalog.current_setting('idempotency.max_payload_bytes', true) END)
-                     -- unset (no native library in this cluster), or the native extension's defaults as its
-                     -- library shows them (src/gucs.rs) when they change nothing here
                      OPERATOR(pg_catalog.=) ANY (ARRAY['read committedoff',
                          CASE WHEN (idempotency.cached_state()).native_defaults_ok
                               THEN 'read committedoff512Boff' OPERATOR(pg_catalog.||) CASE WHEN lease THEN '5min1d' ELSE '' END

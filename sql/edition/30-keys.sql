@@ -254,26 +254,30 @@ RETURNS TABLE (outcome text, token bigint, attempts integer, payload jsonb, expi
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     ver bigint := idempotency.fast_version(true, true, false);
-    ok boolean;
+    planned bigint;
     st idempotency.call_state;
     t interval;
     conflicted boolean;
     elsewhere boolean;
     h bigint;
-    remembered text;
     at_ctid tid;
     at_part oid;
     c record;
 BEGIN
+    IF ver OPERATOR(pg_catalog.<) 0 THEN
+        ver := idempotency.fast_version_native(true, true, false);
+    END IF;
     -- The common case (idempotency.fast_version): arguments within the limits (key and scope not empty and
-    -- without control characters: one pattern over both, joined by one), no record of the key outside the
-    -- write partition, and the new row written there. The state comes from idempotency.cached_state, folded
-    -- into each statement's plan. The write returns what the claim answers, remembers the claim, and says
-    -- whether sealed_upto still matches the constants it planned with and those of the first test.
+    -- without control characters: one pattern over both, joined by one; a NULL one fails it), no record of
+    -- the key outside the write partition, and the new row written there. The state comes from
+    -- idempotency.cached_state, folded into each statement's plan. The write returns what the claim answers
+    -- and the version of the constants it planned with; then sealed_upto must still match them and those of
+    -- the first test. (The claim is not remembered for idem_complete: in READ COMMITTED it finds the row by
+    -- key, as written by this transaction.)
     IF ver OPERATOR(pg_catalog.>=) 0 AND idem_claim.wait
        AND GREATEST(pg_catalog.octet_length(idem_claim.key), pg_catalog.octet_length(idem_claim.scope),
                     pg_catalog.octet_length(idem_claim.fingerprint)) OPERATOR(pg_catalog.<=) (idempotency.cached_state()).max_key_bytes
-       AND pg_catalog.concat(idem_claim.key, E'\u0001', idem_claim.scope)
+       AND (idem_claim.key OPERATOR(pg_catalog.||) E'\u0001' OPERATOR(pg_catalog.||) idem_claim.scope)
            OPERATOR(pg_catalog.~) '^[^\u0001-\u001f\u007f-\u009f]+\u0001[^\u0001-\u001f\u007f-\u009f]+$'
        AND (CASE WHEN idem_claim.ttl IS NULL THEN (idempotency.cached_state()).lease_ttl_ok
                  ELSE idem_claim.ttl OPERATOR(pg_catalog.>) '0'::interval
@@ -306,17 +310,16 @@ BEGIN
                     pg_catalog.clock_timestamp(),
                     pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) coalesce(idem_claim.ttl, (idempotency.cached_state()).lease_ttl))
             ON CONFLICT DO NOTHING
-            RETURNING 'claimed', x.token, x.attempts, x.expires_at, x.ctid, x.tableoid,
-                      idempotency.remember_claim(x.token, x.ctid, x.tableoid),
-                      coalesce(pg_catalog.pg_sequence_last_value('idempotency.sealed_upto'::pg_catalog.regclass), 0)
-                          OPERATOR(pg_catalog.=) (idempotency.cached_state()).upto
-                      AND (idempotency.cached_state()).upto OPERATOR(pg_catalog.=) ver
-                 INTO outcome, idem_claim.token, idem_claim.attempts, idem_claim.expires_at, at_ctid, at_part, remembered, ok;
-            IF ok THEN
+            RETURNING x.token, x.attempts, x.expires_at, x.ctid, x.tableoid, (idempotency.cached_state()).upto
+                 INTO idem_claim.token, idem_claim.attempts, idem_claim.expires_at, at_ctid, at_part, planned;
+            IF planned OPERATOR(pg_catalog.=) ver
+               AND coalesce(pg_catalog.pg_sequence_last_value('idempotency.sealed_upto'::pg_catalog.regclass), 0)
+                   OPERATOR(pg_catalog.=) ver THEN
+                outcome := 'claimed';
                 RETURN NEXT;
                 RETURN;
             END IF;
-            conflicted := ok IS NULL;   -- the key is in the write partition: claim_one reads it
+            conflicted := planned IS NULL;   -- the key is in the write partition: claim_one reads it
             IF conflicted THEN
                 -- Settled there (a message delivered again): answered from its row, as claim_one answers it. A
                 -- pending one (a lease, this transaction's own claim) goes the long way.

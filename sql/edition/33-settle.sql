@@ -44,16 +44,21 @@ RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     m text;
+    ver bigint := idempotency.fast_version(false, false, true);
     st idempotency.call_state;
     h record;
 BEGIN
+    IF ver OPERATOR(pg_catalog.<) 0 THEN
+        ver := idempotency.fast_version_native(false, false, true);
+    END IF;
     -- The common case in one statement: the key's pending row in the write partition, held by the given token
-    -- or, without one, by this transaction's last claim (idempotency.remember_claim). The limits and the
-    -- write partition as in idem_claim's common case (idempotency.fast_version: READ COMMITTED only).
-    IF idempotency.fast_version(false, false, true) OPERATOR(pg_catalog.>=) 0
+    -- or, without one, written by this transaction (its claim, outside a subtransaction: the long way sees
+    -- those). The limits and the write partition as in idem_claim's common case (idempotency.fast_version:
+    -- READ COMMITTED only).
+    IF ver OPERATOR(pg_catalog.>=) 0
        AND GREATEST(pg_catalog.octet_length(idem_complete.key), pg_catalog.octet_length(idem_complete.scope))
            OPERATOR(pg_catalog.<=) (idempotency.cached_state()).max_key_bytes
-       AND pg_catalog.concat(idem_complete.key, E'\u0001', idem_complete.scope)
+       AND (idem_complete.key OPERATOR(pg_catalog.||) E'\u0001' OPERATOR(pg_catalog.||) idem_complete.scope)
            OPERATOR(pg_catalog.~) '^[^\u0001-\u001f\u007f-\u009f]+\u0001[^\u0001-\u001f\u007f-\u009f]+$'
        -- (a payload whose stored size is plainly under the limit passes unmeasured; a compressed one is measured)
        AND (idem_complete.payload IS NULL
@@ -68,9 +73,10 @@ BEGIN
          WHERE x.created_at OPERATOR(pg_catalog.>=) (idempotency.cached_state()).w_from
            AND x.created_at OPERATOR(pg_catalog.<) (idempotency.cached_state()).w_to
            AND x.key OPERATOR(pg_catalog.=) idem_complete.key AND x.scope OPERATOR(pg_catalog.=) idem_complete.scope
-           AND x.status OPERATOR(pg_catalog.=) 'pending'
-           AND x.token::text OPERATOR(pg_catalog.=) coalesce(idem_complete.token::text,
-               pg_catalog.split_part(pg_catalog.current_setting('idempotency_edition.claimed_row', true), ' ', 1));
+           AND x.status OPERATOR(pg_catalog.=) 'pending' AND x.token IS NOT NULL
+           AND CASE WHEN idem_complete.token IS NULL
+                    THEN x.xmin OPERATOR(pg_catalog.=) pg_catalog.xid(pg_catalog.pg_current_xact_id())
+                    ELSE x.token OPERATOR(pg_catalog.=) idem_complete.token END;
         IF FOUND THEN
             RETURN;
         END IF;

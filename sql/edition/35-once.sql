@@ -50,7 +50,7 @@ CREATE FUNCTION idem_once(key text, scope text DEFAULT 'default') RETURNS boolea
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     ver bigint := idempotency.fast_version(true, false, false);
-    ok boolean;
+    planned bigint;
     at_ctid tid;
     at_part oid;
     st idempotency.call_state;
@@ -58,12 +58,15 @@ DECLARE
     h bigint;
     maybe boolean;
 BEGIN
+    IF ver OPERATOR(pg_catalog.<) 0 THEN
+        ver := idempotency.fast_version_native(true, false, false);
+    END IF;
     -- The common case, as idem_claim's (idempotency.fast_version): the key looked for outside the write
     -- partition only where a partition can hold it, then written there.
     IF ver OPERATOR(pg_catalog.>=) 0
        AND GREATEST(pg_catalog.octet_length(idem_once.key), pg_catalog.octet_length(idem_once.scope))
            OPERATOR(pg_catalog.<=) (idempotency.cached_state()).max_key_bytes
-       AND pg_catalog.concat(idem_once.key, E'\u0001', idem_once.scope)
+       AND (idem_once.key OPERATOR(pg_catalog.||) E'\u0001' OPERATOR(pg_catalog.||) idem_once.scope)
            OPERATOR(pg_catalog.~) '^[^\u0001-\u001f\u007f-\u009f]+\u0001[^\u0001-\u001f\u007f-\u009f]+$' THEN
         IF (idempotency.cached_state()).grants_enforced THEN
             PERFORM idempotency.authorize_enforced('scope', idem_once.scope);
@@ -90,15 +93,13 @@ BEGIN
                     idempotency.created_at((idempotency.cached_state()).w_from, (idempotency.cached_state()).w_to),
                     pg_catalog.now())
             ON CONFLICT DO NOTHING
-            RETURNING x.ctid, x.tableoid,
-                      coalesce(pg_catalog.pg_sequence_last_value('idempotency.sealed_upto'::pg_catalog.regclass), 0)
-                          OPERATOR(pg_catalog.=) (idempotency.cached_state()).upto
-                      AND (idempotency.cached_state()).upto OPERATOR(pg_catalog.=) ver
-                 INTO at_ctid, at_part, ok;
-            IF ok THEN
-                RETURN true;
-            ELSIF ok IS NULL THEN
+            RETURNING x.ctid, x.tableoid, (idempotency.cached_state()).upto INTO at_ctid, at_part, planned;
+            IF planned IS NULL THEN
                 RETURN false;   -- the key was there
+            ELSIF planned OPERATOR(pg_catalog.=) ver
+                  AND coalesce(pg_catalog.pg_sequence_last_value('idempotency.sealed_upto'::pg_catalog.regclass), 0)
+                      OPERATOR(pg_catalog.=) ver THEN
+                RETURN true;
             END IF;
             -- A seal (or another change of the state) while this ran: written again the long way.
             DELETE FROM idempotency.records x

@@ -209,8 +209,8 @@ BEGIN
         END IF;
     END IF;
     -- The keys held in the write partition in one statement: by the given token, or, without one, by a claim
-    -- of this transaction (the tokens idem_claim_batch and idem_claim remember). The others key by key, in
-    -- key order: held_row finds them, or says why not.
+    -- of this transaction (written by it outside a subtransaction, or with a token idem_claim_batch or
+    -- claim_one remembers). The others key by key, in key order: held_row finds them, or says why not.
     claimed := pg_catalog.string_to_array(pg_catalog.concat_ws(',',
                    pg_catalog.current_setting('idempotency_edition.claimed_batch', true),
                    pg_catalog.split_part(pg_catalog.current_setting('idempotency_edition.claimed_row', true), ' ', 1)), ',');
@@ -228,7 +228,9 @@ BEGIN
            AND x.status OPERATOR(pg_catalog.=) 'pending'
            AND CASE WHEN idem_complete_batch.tokens[v.i] IS NOT NULL THEN x.token OPERATOR(pg_catalog.=) idem_complete_batch.tokens[v.i]
                     -- (a hashed subplan, built once: linear in the batch)
-                    ELSE x.token::text IN (SELECT c.t FROM pg_catalog.unnest(claimed) AS c(t)) END
+                    ELSE x.token IS NOT NULL
+                         AND (x.xmin OPERATOR(pg_catalog.=) pg_catalog.xid(pg_catalog.pg_current_xact_id())
+                              OR x.token::text IN (SELECT c.t FROM pg_catalog.unnest(claimed) AS c(t))) END
         RETURNING x.key)
     SELECT pg_catalog.count(*)::integer, pg_catalog.array_agg(u.key) INTO done, done_keys FROM updated u;
     IF done OPERATOR(pg_catalog.<) n THEN

@@ -33,14 +33,14 @@ $$;
 ALTER TYPE idempotency.call_state ADD ATTRIBUTE filtered boolean, ADD ATTRIBUTE unfiltered_from timestamptz;
 
 -- Every function that changed or is new in 0.9.0, from the sources.
---@include 15-state.sql: idempotency.live_state idempotency.cached_state idempotency.write_call_cache idempotency.refresh_call_cache idempotency.call_state idempotency.fast_version idempotency.check_key_scope
+--@include 15-state.sql: idempotency.live_state idempotency.cached_state idempotency.write_call_cache idempotency.refresh_call_cache idempotency.call_state idempotency.fast_version idempotency.fast_version_native idempotency.check_key_scope
 --@include 20-partitions.sql: idempotency.sync_partition_ranges idempotency.drop_partition
 --@include 22-sealed-keys.sql
 --@include 25-maintenance.sql
 --@include 30-keys.sql
 --@include 33-settle.sql
 --@include 35-once.sql
---@include 40-batch.sql: idem_claim_batch idem_once_batch
+--@include 40-batch.sql: idem_claim_batch idem_once_batch idem_complete_batch
 --@include 90-finalize.sql
 
 -- The state of this database with the new fields, now rather than at the next maintenance round.

@@ -156,3 +156,29 @@ ROLLBACK TO SAVEPOINT s;
 SELECT count(*) AS rows FROM idem_status('rb-5');
 COMMIT;
 SELECT count(*) AS rows FROM idem_status('rb-5');
+-- Without a token, idem_complete settles a claim this transaction made: in a savepoint released before, in
+-- the savepoint it is called from, and two claims of one transaction, each (the common path matches a row
+-- written by the transaction itself, the long way one written by any of its subtransactions).
+BEGIN;
+SAVEPOINT s;
+SELECT outcome FROM idem_claim('sp-1');
+RELEASE SAVEPOINT s;
+SELECT idem_complete('sp-1', '"a"');
+SAVEPOINT t;
+SELECT outcome FROM idem_claim('sp-2');
+SELECT idem_complete('sp-2', '"b"');
+RELEASE SAVEPOINT t;
+SELECT outcome FROM idem_claim('sp-3');
+SELECT outcome FROM idem_claim('sp-4');
+SELECT idem_complete('sp-3', '"c"');
+SAVEPOINT u;
+SELECT idem_complete('sp-4', '"d"');
+RELEASE SAVEPOINT u;
+COMMIT;
+SELECT key, status, payload FROM (VALUES ('sp-1'), ('sp-2'), ('sp-3'), ('sp-4')) k(key), idem_status(k.key) ORDER BY key;
+-- A claim this transaction released (a retryable failure) is not its to complete any more.
+BEGIN;
+SELECT outcome FROM idem_claim('sp-5');
+SELECT idem_fail('sp-5', '"boom"');
+SELECT idem_complete('sp-5', '"e"');
+ROLLBACK;
