@@ -54,7 +54,6 @@ DECLARE
     answers idempotency.claim_answer[];
     parts oid[];
     ctids tid[];
-    tokens bigint[];
     iver bigint;
 BEGIN
     PERFORM idempotency.check_writable('idem_claim_batch');
@@ -96,9 +95,8 @@ BEGIN
             ON CONFLICT DO NOTHING
             RETURNING x.key, x.token, x.attempts, x.expires_at, x.tableoid, x.ctid)
         SELECT pg_catalog.array_agg(ROW(wr.key, 'claimed', wr.token, wr.attempts, NULL, wr.expires_at)::idempotency.claim_answer),
-               pg_catalog.array_agg(wr.tableoid), pg_catalog.array_agg(wr.ctid), pg_catalog.array_agg(wr.token),
-               (idempotency.cached_state()).upto
-          INTO answers, parts, ctids, tokens, iver FROM written wr;
+               pg_catalog.array_agg(wr.tableoid), pg_catalog.array_agg(wr.ctid), (idempotency.cached_state()).upto
+          INTO answers, parts, ctids, iver FROM written wr;
         IF answers IS NOT NULL
            AND (iver OPERATOR(pg_catalog.<>) st.upto
                 OR coalesce(pg_catalog.pg_sequence_last_value('idempotency.sealed_upto'::pg_catalog.regclass), 0) OPERATOR(pg_catalog.<>) iver) THEN
@@ -106,7 +104,7 @@ BEGIN
               WHERE pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed';
             DELETE FROM idempotency.records x USING ROWS FROM (pg_catalog.unnest(parts), pg_catalog.unnest(ctids)) AS d(part, row_ctid)
              WHERE x.tableoid OPERATOR(pg_catalog.=) d.part AND x.ctid OPERATOR(pg_catalog.=) d.row_ctid;
-            answers := NULL; tokens := NULL;
+            answers := NULL;
             st := idempotency.call_state(NULL, true);
         END IF;
         -- Keys whose record in the write partition is settled (a batch delivered again): answered from those rows
@@ -137,17 +135,7 @@ BEGIN
         END LOOP;
         answers := answers OPERATOR(pg_catalog.||)
                    ROW(k, c.outcome, c.token, c.attempts, c.payload, c.expires_at)::idempotency.claim_answer;
-        IF c.outcome OPERATOR(pg_catalog.=) 'claimed' THEN
-            tokens := tokens OPERATOR(pg_catalog.||) c.token;
-        END IF;
     END LOOP;
-    -- The tokens of this call's claims, for idem_complete_batch without tokens in this transaction (see
-    -- idempotency.remember_claim; a rolled-back subtransaction undoes it, as it undoes the claims).
-    IF tokens IS NOT NULL THEN
-        PERFORM pg_catalog.set_config('idempotency_edition.claimed_batch',
-            pg_catalog.concat_ws(',', NULLIF(pg_catalog.current_setting('idempotency_edition.claimed_batch', true), ''),
-                                 pg_catalog.array_to_string(tokens, ',')), true);
-    END IF;
     -- In input order; a repeated key gets its first occurrence's answer, but only the first owns a claim.
     RETURN QUERY
     SELECT u.k,
@@ -174,7 +162,6 @@ DECLARE
     h record;
     done integer;
     done_keys text[];
-    claimed text[];
 BEGIN
     PERFORM idempotency.check_writable('idem_complete_batch');
     -- The size first, from the argument as it came: an array passed on in a query (check_keys) is copied.
@@ -209,11 +196,8 @@ BEGIN
         END IF;
     END IF;
     -- The keys held in the write partition in one statement: by the given token, or, without one, by a claim
-    -- of this transaction (written by it outside a subtransaction, or with a token idem_claim_batch or
-    -- claim_one remembers). The others key by key, in key order: held_row finds them, or says why not.
-    claimed := pg_catalog.string_to_array(pg_catalog.concat_ws(',',
-                   pg_catalog.current_setting('idempotency_edition.claimed_batch', true),
-                   pg_catalog.split_part(pg_catalog.current_setting('idempotency_edition.claimed_row', true), ' ', 1)), ',');
+    -- of this transaction (a row it wrote outside a subtransaction). The others key by key, in key order:
+    -- held_row finds them (a claim made in a subtransaction too), or says why not.
     WITH updated AS (
         UPDATE idempotency.records x
            SET status = 'completed', payload = idem_complete_batch.payloads[v.i], updated_at = pg_catalog.clock_timestamp(),
@@ -227,10 +211,8 @@ BEGIN
            AND x.key OPERATOR(pg_catalog.=) ANY (idem_complete_batch.keys)
            AND x.status OPERATOR(pg_catalog.=) 'pending'
            AND CASE WHEN idem_complete_batch.tokens[v.i] IS NOT NULL THEN x.token OPERATOR(pg_catalog.=) idem_complete_batch.tokens[v.i]
-                    -- (a hashed subplan, built once: linear in the batch)
                     ELSE x.token IS NOT NULL
-                         AND (x.xmin OPERATOR(pg_catalog.=) pg_catalog.xid(pg_catalog.pg_current_xact_id())
-                              OR x.token::text IN (SELECT c.t FROM pg_catalog.unnest(claimed) AS c(t))) END
+                         AND x.xmin OPERATOR(pg_catalog.=) pg_catalog.xid(pg_catalog.pg_current_xact_id()) END
         RETURNING x.key)
     SELECT pg_catalog.count(*)::integer, pg_catalog.array_agg(u.key) INTO done, done_keys FROM updated u;
     IF done OPERATOR(pg_catalog.<) n THEN

@@ -1,8 +1,9 @@
 -- The SQL edition, 0.9.0 -> 0.9.1 (issue 32: leaner common paths). Nothing stored changes: the key calls'
 -- functions are replaced. fast_version tests the common case in fewer calls and fast_version_native (new)
 -- takes the rarer settings; idem_claim's common path no longer keeps the claim in a transaction-local
--- setting, so idem_complete and idem_complete_batch without a token also match a row this transaction wrote;
--- the sealed_upto test follows the insert instead of being in its RETURNING. A transaction that runs a 0.9.0
+-- setting, so idem_complete and idem_complete_batch without a token also match a row this transaction wrote,
+-- and idem_claim_batch no longer keeps its tokens in one (idempotency_edition.claimed_batch, which grew with
+-- every batch of a transaction); the sealed_upto test follows the insert instead of being in its RETURNING. A transaction that runs a 0.9.0
 -- claim, then a 0.9.1 completion (the upgrade committed in between) finds its claim either way. Run by the
 -- 0.9.1 plain script over a 0.9.0 install, or by ALTER EXTENSION idempotency UPDATE after the 0.9.1
 -- idempotency-tle.sql registered this path; in either case one transaction, in the schema of the install.
@@ -12,5 +13,5 @@
 --@include 30-keys.sql: idem_claim
 --@include 33-settle.sql: idem_complete
 --@include 35-once.sql: idem_once
---@include 40-batch.sql: idem_complete_batch
+--@include 40-batch.sql: idem_claim_batch idem_complete_batch
 --@include 90-finalize.sql

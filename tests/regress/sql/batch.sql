@@ -365,3 +365,16 @@ SELECT k FROM idem_once_batch(ARRAY['p-2', 'p-2']) AS t(k);
 SELECT key, outcome, payload FROM idem_claim_batch(ARRAY['p-1']);
 RESET ROLE;
 DROP ROLE idem_batch_plain;
+-- Without tokens, idem_complete_batch settles the claims this transaction made: those of a savepoint
+-- released before (key by key) and the others (in one statement); not a claim another transaction made.
+BEGIN;
+SAVEPOINT s;
+SELECT key, outcome FROM idem_claim_batch(ARRAY['bsp-1', 'bsp-2']) ORDER BY key;
+RELEASE SAVEPOINT s;
+SELECT key, outcome FROM idem_claim_batch(ARRAY['bsp-3']);
+SELECT outcome FROM idem_claim('bsp-4');
+SELECT idem_complete_batch(ARRAY['bsp-1', 'bsp-2', 'bsp-3', 'bsp-4']);
+COMMIT;
+SELECT key, status FROM (VALUES ('bsp-1'), ('bsp-2'), ('bsp-3'), ('bsp-4')) k(key), idem_status(k.key) ORDER BY key;
+SELECT key, outcome FROM idem_claim_batch(ARRAY['bsp-5']);
+SELECT idem_complete_batch(ARRAY['bsp-5']);
