@@ -37,6 +37,48 @@ BEGIN
 END
 $$;
 
+-- The long way's checks of a batch's arguments, in the native extension's order: a read-only transaction
+-- 25006, the size 54000 (first, before any key is read), each key (check_keys), the scope, its grant. The
+-- limits in force (idempotency.config) for the rest of the call.
+CREATE FUNCTION idempotency.check_batch(fn text, keys text[], scope text) RETURNS idempotency.settings
+LANGUAGE plpgsql AS $$
+DECLARE
+    s idempotency.settings := idempotency.config();
+BEGIN
+    PERFORM idempotency.check_writable(fn);
+    IF pg_catalog.cardinality(keys) OPERATOR(pg_catalog.>) s.max_batch_keys THEN
+        PERFORM idempotency.too_many_keys(pg_catalog.cardinality(keys), s.max_batch_keys);
+    END IF;
+    PERFORM idempotency.check_keys(keys, s);
+    PERFORM idempotency.check_ident('scope', scope, s.max_key_bytes);
+    PERFORM idempotency.authorize('scope', scope, s);
+    RETURN s;
+END
+$$;
+
+-- The common case of a batch's arguments, for the batches' single test (as idem_claim's with
+-- idempotency.fast_version): no idempotency.max_batch_keys of the session, the size and the scope within the
+-- limits, and no control character in the keys or the scope (one pattern over the keys joined and the
+-- scope); with NOT EXISTS (SELECT FROM idempotency.bad_keys(keys)) for the rest. Anything else takes the long
+-- way, which checks in the native extension's order. (SQL without a subquery: inlined into the calls.)
+CREATE FUNCTION idempotency.batch_args_fast(keys text[], scope text) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT pg_catalog.current_setting('idempotency.max_batch_keys', true) IS NULL
+       AND pg_catalog.cardinality(keys) OPERATOR(pg_catalog.<=) (idempotency.cached_state()).max_batch_keys
+       AND pg_catalog.octet_length(scope) OPERATOR(pg_catalog.<=) (idempotency.cached_state()).max_key_bytes
+       AND (pg_catalog.array_to_string(keys, '') OPERATOR(pg_catalog.||) E'\u0001' OPERATOR(pg_catalog.||) scope)
+           OPERATOR(pg_catalog.~) '^[^\u0001-\u001f\u007f-\u009f]*\u0001[^\u0001-\u001f\u007f-\u009f]+$'
+$$;
+
+-- The keys of a batch that are NULL, empty or longer than max_key_bytes as the state says. (A set-returning
+-- SQL function: inlined into the calls' NOT EXISTS.)
+CREATE FUNCTION idempotency.bad_keys(keys text[]) RETURNS SETOF text
+LANGUAGE sql STABLE AS $$
+    SELECT u.k FROM pg_catalog.unnest(keys) AS u(k)
+     WHERE u.k IS NULL OR u.k OPERATOR(pg_catalog.=) ''
+        OR pg_catalog.octet_length(u.k) OPERATOR(pg_catalog.>) (idempotency.cached_state()).max_key_bytes
+$$;
+
 -- One answer of a batch claim.
 CREATE TYPE idempotency.claim_answer AS (key text, outcome text, token bigint, attempts integer, payload jsonb,
                                          expires_at timestamptz);
@@ -45,8 +87,8 @@ CREATE FUNCTION idem_claim_batch(keys text[], ttl interval DEFAULT NULL, scope t
 RETURNS TABLE (key text, outcome text, token bigint, attempts integer, payload jsonb, expires_at timestamptz)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
-    s idempotency.settings := idempotency.config();
-    size integer;
+    ver bigint := idempotency.fast_version(true, true, false);
+    s idempotency.settings;
     t interval;
     st idempotency.call_state;
     c record;
@@ -56,19 +98,28 @@ DECLARE
     ctids tid[];
     iver bigint;
 BEGIN
-    PERFORM idempotency.check_writable('idem_claim_batch');
-    -- The size first, from the argument as it came: an array passed on in a query (check_keys) is copied.
-    IF pg_catalog.cardinality(idem_claim_batch.keys) OPERATOR(pg_catalog.>) s.max_batch_keys THEN
-        size := pg_catalog.cardinality(idem_claim_batch.keys);
-        PERFORM idempotency.too_many_keys(size, s.max_batch_keys);
+    IF ver OPERATOR(pg_catalog.<) 0 THEN
+        ver := idempotency.fast_version_native(true, true, false);
     END IF;
-    PERFORM idempotency.check_keys(idem_claim_batch.keys, s);
-    PERFORM idempotency.check_ident('scope', idem_claim_batch.scope, s.max_key_bytes);
-    PERFORM idempotency.authorize('scope', idem_claim_batch.scope, s);
-    t := idempotency.check_ttl(idem_claim_batch.ttl, s.lease_ttl, s.max_lease_ttl);
-    st := idempotency.call_state(NULL, true);
-    IF st.stale_seal THEN
-        PERFORM idempotency.seal_conflict('(batch)', idem_claim_batch.scope);
+    -- The common case, as idem_once_batch's, and a ttl within the limits.
+    IF ver OPERATOR(pg_catalog.>=) 0
+       AND idempotency.batch_args_fast(idem_claim_batch.keys, idem_claim_batch.scope)
+       AND (CASE WHEN idem_claim_batch.ttl IS NULL THEN (idempotency.cached_state()).lease_ttl_ok
+                 ELSE idem_claim_batch.ttl OPERATOR(pg_catalog.>) '0'::interval
+                      AND idem_claim_batch.ttl OPERATOR(pg_catalog.<=) (idempotency.cached_state()).max_lease_ttl END)
+       AND NOT EXISTS (SELECT FROM idempotency.bad_keys(idem_claim_batch.keys)) THEN
+        IF (idempotency.cached_state()).grants_enforced THEN
+            PERFORM idempotency.authorize_enforced('scope', idem_claim_batch.scope);
+        END IF;
+        t := coalesce(idem_claim_batch.ttl, (idempotency.cached_state()).lease_ttl);
+        st := idempotency.cached_state();
+    ELSE
+        s := idempotency.check_batch('idem_claim_batch', idem_claim_batch.keys, idem_claim_batch.scope);
+        t := idempotency.check_ttl(idem_claim_batch.ttl, s.lease_ttl, s.max_lease_ttl);
+        st := idempotency.call_state(NULL, true);
+        IF st.stale_seal THEN
+            PERFORM idempotency.seal_conflict('(batch)', idem_claim_batch.scope);
+        END IF;
     END IF;
     -- The keys no other partition holds, written at once, in key order, when the state's constants
     -- (idempotency.cached_state, folded into the statement's plan) are current; the write says the version
@@ -124,19 +175,31 @@ BEGIN
         END IF;
     END IF;
     answers := coalesce(answers, '{}');
-    -- The others, one by one in key order: what the single claim answers.
-    FOR k IN SELECT DISTINCT u.k FROM pg_catalog.unnest(idem_claim_batch.keys) AS u(k)
-              WHERE NOT EXISTS (SELECT FROM pg_catalog.unnest(answers) a WHERE a.key OPERATOR(pg_catalog.=) u.k)
-              ORDER BY u.k LOOP
-        LOOP
-            c := idempotency.claim_one(k, idem_claim_batch.scope, t, NULL, true, st, false);
-            EXIT WHEN c.outcome OPERATOR(pg_catalog.<>) 'retry';
-            st := idempotency.call_state(NULL, true);
+    -- The others, one by one in key order: what the single claim answers. (None when there are as many
+    -- answers as keys.)
+    IF pg_catalog.cardinality(answers) OPERATOR(pg_catalog.<) pg_catalog.cardinality(idem_claim_batch.keys) THEN
+        FOR k IN SELECT DISTINCT u.k FROM pg_catalog.unnest(idem_claim_batch.keys) AS u(k)
+                  WHERE NOT EXISTS (SELECT FROM pg_catalog.unnest(answers) a WHERE a.key OPERATOR(pg_catalog.=) u.k)
+                  ORDER BY u.k LOOP
+            LOOP
+                c := idempotency.claim_one(k, idem_claim_batch.scope, t, NULL, true, st, false);
+                EXIT WHEN c.outcome OPERATOR(pg_catalog.<>) 'retry';
+                st := idempotency.call_state(NULL, true);
+            END LOOP;
+            answers := answers OPERATOR(pg_catalog.||)
+                       ROW(k, c.outcome, c.token, c.attempts, c.payload, c.expires_at)::idempotency.claim_answer;
         END LOOP;
-        answers := answers OPERATOR(pg_catalog.||)
-                   ROW(k, c.outcome, c.token, c.attempts, c.payload, c.expires_at)::idempotency.claim_answer;
-    END LOOP;
+    END IF;
     -- In input order; a repeated key gets its first occurrence's answer, but only the first owns a claim.
+    -- (As many answers as keys: the keys are all different.)
+    IF pg_catalog.cardinality(answers) OPERATOR(pg_catalog.=) pg_catalog.cardinality(idem_claim_batch.keys) THEN
+        RETURN QUERY
+        SELECT a.key, a.outcome, a.token, a.attempts, a.payload, a.expires_at
+          FROM pg_catalog.unnest(idem_claim_batch.keys) WITH ORDINALITY AS u(k, i)
+          JOIN pg_catalog.unnest(answers) a ON a.key OPERATOR(pg_catalog.=) u.k
+         ORDER BY u.i;
+        RETURN;
+    END IF;
     RETURN QUERY
     SELECT u.k,
            CASE WHEN NOT u.first AND a.outcome OPERATOR(pg_catalog.=) 'claimed' THEN 'in_progress' ELSE a.outcome END,
@@ -149,91 +212,11 @@ BEGIN
 END
 $$;
 
-CREATE FUNCTION idem_complete_batch(keys text[], payloads jsonb[] DEFAULT NULL, scope text DEFAULT 'default',
-                                    tokens bigint[] DEFAULT NULL)
-RETURNS integer
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET plan_cache_mode = force_generic_plan
-SET enable_nestloop = off AS $$
-DECLARE
-    s idempotency.settings := idempotency.config();
-    size integer;
-    n integer := coalesce(pg_catalog.cardinality(idem_complete_batch.keys), 0);
-    one record;
-    h record;
-    done integer;
-    done_keys text[];
-BEGIN
-    PERFORM idempotency.check_writable('idem_complete_batch');
-    -- The size first, from the argument as it came: an array passed on in a query (check_keys) is copied.
-    IF pg_catalog.cardinality(idem_complete_batch.keys) OPERATOR(pg_catalog.>) s.max_batch_keys THEN
-        size := pg_catalog.cardinality(idem_complete_batch.keys);
-        PERFORM idempotency.too_many_keys(size, s.max_batch_keys);
-    END IF;
-    PERFORM idempotency.check_keys(idem_complete_batch.keys, s);
-    PERFORM idempotency.check_ident('scope', idem_complete_batch.scope, s.max_key_bytes);
-    PERFORM idempotency.authorize('scope', idem_complete_batch.scope, s);
-    IF (SELECT pg_catalog.count(DISTINCT u.k) FROM pg_catalog.unnest(idem_complete_batch.keys) u(k)) OPERATOR(pg_catalog.<>) n THEN
-        RAISE EXCEPTION 'idempotency: keys must not repeat a key in idem_complete_batch' USING ERRCODE = '22023';
-    END IF;
-    IF payloads IS NOT NULL THEN
-        IF coalesce(pg_catalog.cardinality(payloads), 0) OPERATOR(pg_catalog.<>) n THEN
-            RAISE EXCEPTION 'idempotency: payloads has % elements but keys has %', coalesce(pg_catalog.cardinality(payloads), 0), n
-                USING ERRCODE = '22023';
-        END IF;
-        IF EXISTS (SELECT FROM pg_catalog.unnest(payloads) AS u(p)
-                    WHERE pg_catalog.pg_column_compression(u.p) IS NOT NULL
-                       OR pg_catalog.pg_column_size(u.p) OPERATOR(pg_catalog.>=) (s.max_payload_bytes OPERATOR(pg_catalog.-) 4)) THEN
-            PERFORM idempotency.check_document('payload', p, s.max_payload_bytes) FROM pg_catalog.unnest(payloads) AS u(p);
-        END IF;
-    END IF;
-    IF tokens IS NOT NULL THEN
-        IF coalesce(pg_catalog.cardinality(tokens), 0) OPERATOR(pg_catalog.<>) n THEN
-            RAISE EXCEPTION 'idempotency: tokens has % elements but keys has %', coalesce(pg_catalog.cardinality(tokens), 0), n
-                USING ERRCODE = '22023';
-        END IF;
-        IF EXISTS (SELECT FROM pg_catalog.unnest(tokens) AS u(t) WHERE u.t OPERATOR(pg_catalog.<=) 0) THEN
-            PERFORM idempotency.check_token(t) FROM pg_catalog.unnest(tokens) AS u(t);
-        END IF;
-    END IF;
-    -- The keys held in the write partition in one statement: by the given token, or, without one, by a claim
-    -- of this transaction (a row it wrote outside a subtransaction). The others key by key, in key order:
-    -- held_row finds them (a claim made in a subtransaction too), or says why not.
-    WITH updated AS (
-        UPDATE idempotency.records x
-           SET status = 'completed', payload = idem_complete_batch.payloads[v.i], updated_at = pg_catalog.clock_timestamp(),
-               expires_at = NULL
-          FROM pg_catalog.unnest(idem_complete_batch.keys) WITH ORDINALITY AS v(k, i)
-         WHERE x.created_at OPERATOR(pg_catalog.>=) (idempotency.cached_state()).w_from
-           AND x.created_at OPERATOR(pg_catalog.<) (idempotency.cached_state()).w_to
-           AND x.key OPERATOR(pg_catalog.=) v.k AND x.scope OPERATOR(pg_catalog.=) idem_complete_batch.scope
-           -- (the keys again, as an index condition: the plan looks each one up whatever the statistics say, and
-           -- joins them to their positions by hashing, enable_nestloop being off: time linear in the batch)
-           AND x.key OPERATOR(pg_catalog.=) ANY (idem_complete_batch.keys)
-           AND x.status OPERATOR(pg_catalog.=) 'pending'
-           AND CASE WHEN idem_complete_batch.tokens[v.i] IS NOT NULL THEN x.token OPERATOR(pg_catalog.=) idem_complete_batch.tokens[v.i]
-                    ELSE x.token IS NOT NULL
-                         AND x.xmin OPERATOR(pg_catalog.=) pg_catalog.xid(pg_catalog.pg_current_xact_id()) END
-        RETURNING x.key)
-    SELECT pg_catalog.count(*)::integer, pg_catalog.array_agg(u.key) INTO done, done_keys FROM updated u;
-    IF done OPERATOR(pg_catalog.<) n THEN
-        FOR one IN SELECT v.k, v.i FROM pg_catalog.unnest(idem_complete_batch.keys) WITH ORDINALITY AS v(k, i)
-                    WHERE v.k NOT IN (SELECT d.k FROM pg_catalog.unnest(done_keys) AS d(k)) ORDER BY v.k LOOP
-            h := idempotency.held_row(one.k, idem_complete_batch.scope, tokens[one.i]);
-            UPDATE idempotency.records x
-               SET status = 'completed', payload = payloads[one.i], updated_at = pg_catalog.clock_timestamp(), expires_at = NULL
-             WHERE x.tableoid OPERATOR(pg_catalog.=) h.part AND x.ctid OPERATOR(pg_catalog.=) h.row_ctid;
-            done := done OPERATOR(pg_catalog.+) 1;
-        END LOOP;
-    END IF;
-    RETURN done;
-END
-$$;
-
 CREATE FUNCTION idem_once_batch(keys text[], scope text DEFAULT 'default') RETURNS SETOF text
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
-    s idempotency.settings := idempotency.config();
-    size integer;
+    ver bigint := idempotency.fast_version(true, false, false);
+    s idempotency.settings;
     st idempotency.call_state;
     fresh text[];
     parts oid[];
@@ -244,18 +227,26 @@ DECLARE
     k text;
     one boolean;
 BEGIN
-    PERFORM idempotency.check_writable('idem_once_batch');
-    -- The size first, from the argument as it came: an array passed on in a query (check_keys) is copied.
-    IF pg_catalog.cardinality(idem_once_batch.keys) OPERATOR(pg_catalog.>) s.max_batch_keys THEN
-        size := pg_catalog.cardinality(idem_once_batch.keys);
-        PERFORM idempotency.too_many_keys(size, s.max_batch_keys);
+    IF ver OPERATOR(pg_catalog.<) 0 THEN
+        ver := idempotency.fast_version_native(true, false, false);
     END IF;
-    PERFORM idempotency.check_keys(idem_once_batch.keys, s);
-    PERFORM idempotency.check_ident('scope', idem_once_batch.scope, s.max_key_bytes);
-    PERFORM idempotency.authorize('scope', idem_once_batch.scope, s);
-    st := idempotency.call_state(NULL, true);
-    IF st.stale_seal THEN
-        PERFORM idempotency.seal_conflict('(batch)', idem_once_batch.scope);
+    -- The common case, as idem_once's (idempotency.fast_version, and no idempotency.max_batch_keys of the
+    -- session): the arguments checked at once (the control characters by one pattern over the keys joined and
+    -- the scope, the rest key by key in one statement), the state from idempotency.cached_state. Anything
+    -- else, a bad argument included, takes the long way, which checks in the native extension's order.
+    IF ver OPERATOR(pg_catalog.>=) 0
+       AND idempotency.batch_args_fast(idem_once_batch.keys, idem_once_batch.scope)
+       AND NOT EXISTS (SELECT FROM idempotency.bad_keys(idem_once_batch.keys)) THEN
+        IF (idempotency.cached_state()).grants_enforced THEN
+            PERFORM idempotency.authorize_enforced('scope', idem_once_batch.scope);
+        END IF;
+        st := idempotency.cached_state();
+    ELSE
+        s := idempotency.check_batch('idem_once_batch', idem_once_batch.keys, idem_once_batch.scope);
+        st := idempotency.call_state(NULL, true);
+        IF st.stale_seal THEN
+            PERFORM idempotency.seal_conflict('(batch)', idem_once_batch.scope);
+        END IF;
     END IF;
     -- As idem_claim_batch: the new keys in one write with the state's constants when they are current, else
     -- (or when a seal moved past the write partition meanwhile) key by key the long way (idempotency.once_one).
@@ -302,23 +293,31 @@ BEGIN
             st := idempotency.call_state(NULL, true);
         END IF;
     END IF;
-    FOR k IN SELECT DISTINCT u.k FROM pg_catalog.unnest(CASE WHEN slow THEN idem_once_batch.keys ELSE maybes END) AS u(k)
-              ORDER BY u.k LOOP
-        LOOP
-            one := idempotency.once_one(k, idem_once_batch.scope, st);
-            EXIT WHEN one IS NOT NULL;
-            st := idempotency.call_state(NULL, true);
+    IF slow OR maybes IS NOT NULL THEN
+        FOR k IN SELECT DISTINCT u.k FROM pg_catalog.unnest(CASE WHEN slow THEN idem_once_batch.keys ELSE maybes END) AS u(k)
+                  ORDER BY u.k LOOP
+            LOOP
+                one := idempotency.once_one(k, idem_once_batch.scope, st);
+                EXIT WHEN one IS NOT NULL;
+                st := idempotency.call_state(NULL, true);
+            END LOOP;
+            IF one THEN
+                fresh := fresh OPERATOR(pg_catalog.||) k;
+            END IF;
         END LOOP;
-        IF one THEN
-            fresh := fresh OPERATOR(pg_catalog.||) k;
-        END IF;
-    END LOOP;
+    END IF;
     -- Keys that were there were read, not written: under SERIALIZABLE, read them as a query does (see
     -- idempotency.once_one).
     IF pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'serializable' THEN
         PERFORM FROM idempotency.records x
          WHERE x.scope OPERATOR(pg_catalog.=) idem_once_batch.scope AND x.key OPERATOR(pg_catalog.=) ANY (idem_once_batch.keys)
            AND x.created_at OPERATOR(pg_catalog.>=) st.w_from AND x.created_at OPERATOR(pg_catalog.<) st.w_to;
+    END IF;
+    -- In input order, each new key once. (Every key new: a key is written once, so the keys are all different,
+    -- and they are the answer as given.)
+    IF pg_catalog.cardinality(fresh) OPERATOR(pg_catalog.=) pg_catalog.cardinality(idem_once_batch.keys) THEN
+        RETURN QUERY SELECT u.k FROM pg_catalog.unnest(idem_once_batch.keys) AS u(k);
+        RETURN;
     END IF;
     RETURN QUERY
     SELECT v.k FROM (SELECT u.k, pg_catalog.min(u.i) AS i

@@ -3,7 +3,9 @@
 -- takes the rarer settings; idem_claim's common path no longer keeps the claim in a transaction-local
 -- setting, so idem_complete and idem_complete_batch without a token also match a row this transaction wrote,
 -- and idem_claim_batch no longer keeps its tokens in one (idempotency_edition.claimed_batch, which grew with
--- every batch of a transaction); the sealed_upto test follows the insert instead of being in its RETURNING. A transaction that runs a 0.9.0
+-- every batch of a transaction); the sealed_upto test follows the insert instead of being in its RETURNING;
+-- the batches test their arguments at once in the common case (idempotency.batch_args_fast and
+-- idempotency.bad_keys, new) and take the long way's helpers only outside it. A transaction that runs a 0.9.0
 -- claim, then a 0.9.1 completion (the upgrade committed in between) finds its claim either way. Run by the
 -- 0.9.1 plain script over a 0.9.0 install, or by ALTER EXTENSION idempotency UPDATE after the 0.9.1
 -- idempotency-tle.sql registered this path; in either case one transaction, in the schema of the install.
@@ -13,5 +15,6 @@
 --@include 30-keys.sql: idem_claim
 --@include 33-settle.sql: idem_complete
 --@include 35-once.sql: idem_once
---@include 40-batch.sql: idem_claim_batch idem_complete_batch
+--@include 40-batch.sql: idempotency.check_batch idempotency.batch_args_fast idempotency.bad_keys idem_claim_batch idem_once_batch
+--@include 42-complete-batch.sql
 --@include 90-finalize.sql
