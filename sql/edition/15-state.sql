@@ -199,6 +199,16 @@ BEGIN
 END
 $$;
 
+-- The state half of fast_version and fast_version_native: the constants' version (upto), or -1 when a
+-- writing call would find the write partition dropped by hand, or not yet covering now. (Inlined, as they are.)
+CREATE FUNCTION idempotency.fast_state(writing boolean) RETURNS bigint
+LANGUAGE sql AS $$
+    SELECT CASE WHEN (NOT writing OR pg_catalog.to_regclass((idempotency.cached_state()).w_name) IS NOT NULL)
+                 AND (NOT writing OR (idempotency.cached_state()).w_at_seal
+                      OR (idempotency.cached_state()).w_from OPERATOR(pg_catalog.<=) pg_catalog.now())
+                THEN (idempotency.cached_state()).upto ELSE -1 END
+$$;
+
 -- Whether a key call may take its common path, which reads the state as the constants of
 -- idempotency.cached_state (folded into each statement's plan, so that a statement reads only the partitions
 -- they name): their version (upto) when the call may, else -1 and the call tries
@@ -223,10 +233,7 @@ LANGUAGE sql AS $$
                                              CASE WHEN lease THEN pg_catalog.current_setting('idempotency.max_lease_ttl', true) END,
                                              CASE WHEN payload THEN pg_catalog.current_setting('idempotency.max_payload_bytes', true) END)
                      OPERATOR(pg_catalog.=) 0
-                 AND (NOT writing OR pg_catalog.to_regclass((idempotency.cached_state()).w_name) IS NOT NULL)
-                 AND (NOT writing OR (idempotency.cached_state()).w_at_seal
-                      OR (idempotency.cached_state()).w_from OPERATOR(pg_catalog.<=) pg_catalog.now())
-                THEN (idempotency.cached_state()).upto ELSE -1 END
+                THEN idempotency.fast_state(writing) ELSE -1 END
 $$;
 
 -- fast_version where it said -1: the same test, but the idempotency.* settings may also be set to nothing
@@ -246,10 +253,7 @@ LANGUAGE sql AS $$
                          CASE WHEN (idempotency.cached_state()).native_defaults_ok
                               THEN 'read committedoff512Boff' OPERATOR(pg_catalog.||) CASE WHEN lease THEN '5min1d' ELSE '' END
                                    OPERATOR(pg_catalog.||) CASE WHEN payload THEN '1MB' ELSE '' END END])
-                 AND (NOT writing OR pg_catalog.to_regclass((idempotency.cached_state()).w_name) IS NOT NULL)
-                 AND (NOT writing OR (idempotency.cached_state()).w_at_seal
-                      OR (idempotency.cached_state()).w_from OPERATOR(pg_catalog.<=) pg_catalog.now())
-                THEN (idempotency.cached_state()).upto ELSE -1 END
+                THEN idempotency.fast_state(writing) ELSE -1 END
 $$;
 
 -- 22004 / 22023 / 54000 for a key call's key and scope, in the native extension's order, after a single

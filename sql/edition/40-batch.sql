@@ -216,7 +216,6 @@ CREATE FUNCTION idem_once_batch(keys text[], scope text DEFAULT 'default') RETUR
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     ver bigint := idempotency.fast_version(true, false, false);
-    s idempotency.settings;
     st idempotency.call_state;
     fresh text[];
     parts oid[];
@@ -242,7 +241,7 @@ BEGIN
         END IF;
         st := idempotency.cached_state();
     ELSE
-        s := idempotency.check_batch('idem_once_batch', idem_once_batch.keys, idem_once_batch.scope);
+        PERFORM idempotency.check_batch('idem_once_batch', idem_once_batch.keys, idem_once_batch.scope);
         st := idempotency.call_state(NULL, true);
         IF st.stale_seal THEN
             PERFORM idempotency.seal_conflict('(batch)', idem_once_batch.scope);

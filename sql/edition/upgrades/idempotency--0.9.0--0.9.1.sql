@@ -11,7 +11,7 @@
 -- idempotency-tle.sql registered this path; in either case one transaction, in the schema of the install.
 
 -- Every function that changed or is new in 0.9.1, from the sources.
---@include 15-state.sql: idempotency.fast_version idempotency.fast_version_native
+--@include 15-state.sql: idempotency.fast_state idempotency.fast_version idempotency.fast_version_native
 --@include 30-keys.sql: idem_claim
 --@include 33-settle.sql: idem_complete
 --@include 35-once.sql: idem_once
