@@ -1,0 +1,6 @@
+-- 0.9.1 -> 0.9.2: the native extension's schema and what it stores do not change; there is nothing to do.
+-- 0.9.2 is a version of the SQL edition (sql/edition/: its batches compute each key's hash once when they
+-- look in the key filters of the sealed partitions, functions only; its upgrade
+-- sql/edition/upgrades/idempotency--0.9.1--0.9.2.sql), and the two editions share one version number, the
+-- crate's. ALTER EXTENSION idempotency UPDATE only records the new version, after PostgreSQL was restarted on
+-- the 0.9.2 library.
