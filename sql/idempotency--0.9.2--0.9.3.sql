@@ -1,5 +1,5 @@
 -- 0.9.2 -> 0.9.3: the native extension's schema and what it stores do not change; there is nothing to do.
--- 0.9.3 is a version of the SQL edition (sql/edition/: the batches' per-key work and idem_complete's
--- common-case test, functions only; its upgrade sql/edition/upgrades/idempotency--0.9.2--0.9.3.sql), and the two editions
--- share one version number, the crate's. ALTER EXTENSION idempotency UPDATE only records the new version,
--- after PostgreSQL was restarted on the 0.9.3 library.
+-- 0.9.3 is a version of the SQL edition (sql/edition/: the key calls' and batches' work around their writes,
+-- functions only; its upgrade sql/edition/upgrades/idempotency--0.9.2--0.9.3.sql), and the two editions share
+-- one version number, the crate's. ALTER EXTENSION idempotency UPDATE only records the new version, after
+-- PostgreSQL was restarted on the 0.9.3 library.

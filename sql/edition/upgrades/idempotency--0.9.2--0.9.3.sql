@@ -1,14 +1,16 @@
--- The SQL edition, 0.9.2 -> 0.9.3 (issue 32: the batches' per-key work, idem_complete's test). Nothing stored
--- changes: idem_once_batch, idem_claim_batch and idem_complete are replaced. idem_once_batch makes its keys
--- distinct by the sort that orders its write (before, by hashing and then sorting) and runs its key-filter
--- test only when a key's print matched; the two batches no longer collect the addresses of the rows they
--- write, for the rare case of a seal during the write (they take those rows out by key); idem_complete's
--- common case no longer tests key and scope for control characters (no row matches such a key; the long way
--- says what is wrong with it). Run by the 0.9.3 plain script over a 0.9.2 install, or by ALTER EXTENSION
--- idempotency UPDATE after the 0.9.3 idempotency-tle.sql registered this path; in either case one
--- transaction, in the schema of the install.
+-- The SQL edition, 0.9.2 -> 0.9.3 (issue 32: the batches' per-key work, the single calls' tests and results).
+-- Nothing stored changes: idem_claim, idem_once, idem_complete, idem_claim_batch and idem_once_batch are
+-- replaced. idem_once_batch makes its keys distinct by the sort that orders its write (before, by hashing and
+-- then sorting) and runs its key-filter test only when a key's print matched. The claims, idem_once and
+-- idem_once_batch no longer collect the addresses of the rows they write, which served only the rare write
+-- that a seal overtook (they take those rows out by key). idem_complete's common case no longer tests key and
+-- scope for control characters (no row matches such a key; the long way says what is wrong with it). Run by
+-- the 0.9.3 plain script over a 0.9.2 install, or by ALTER EXTENSION idempotency UPDATE after the 0.9.3
+-- idempotency-tle.sql registered this path; in either case one transaction, in the schema of the install.
 
 -- Every function that changed in 0.9.3, from the sources.
+--@include 30-keys.sql: idem_claim
 --@include 33-settle.sql: idem_complete
+--@include 35-once.sql: idem_once
 --@include 40-batch.sql: idem_claim_batch idem_once_batch
 --@include 90-finalize.sql
