@@ -54,11 +54,16 @@ BEGIN
     -- The common case in one statement: the key's pending row in the write partition, held by the given token
     -- or, without one, written by this transaction (its claim, outside a subtransaction: the long way sees
     -- those). The limits and the write partition as in idem_claim's common case (idempotency.fast_version:
-    -- READ COMMITTED only). Key and scope are not tested for emptiness or control characters here: a claim
-    -- refused such a key, so no row matches one, and the long way then says what is wrong with it.
+    -- READ COMMITTED only). Key and scope are tested for emptiness or control characters only where scope
+    -- grants are enforced, whose test comes after theirs in the native extension's order: elsewhere a claim
+    -- refused such a key, so no row matches one, and the long way then says what is wrong with it (the test
+    -- folds away with the constants).
     IF ver OPERATOR(pg_catalog.>=) 0
        AND GREATEST(pg_catalog.octet_length(idem_complete.key), pg_catalog.octet_length(idem_complete.scope))
            OPERATOR(pg_catalog.<=) (idempotency.cached_state()).max_key_bytes
+       AND (NOT (idempotency.cached_state()).grants_enforced
+            OR (idem_complete.key OPERATOR(pg_catalog.||) E'\u0001' OPERATOR(pg_catalog.||) idem_complete.scope)
+               OPERATOR(pg_catalog.~) '^[^\u0001-\u001f\u007f-\u009f]+\u0001[^\u0001-\u001f\u007f-\u009f]+$')
        -- (a payload whose stored size is plainly under the limit passes unmeasured; a compressed one is measured)
        AND (idem_complete.payload IS NULL
             OR (pg_catalog.pg_column_compression(idem_complete.payload) IS NULL

@@ -51,6 +51,7 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 DECLARE
     ver bigint := idempotency.fast_version(true, false, false);
     planned bigint;
+    at_part oid;
     st idempotency.call_state;
     fresh boolean;
     h bigint;
@@ -91,7 +92,7 @@ BEGIN
                     idempotency.created_at((idempotency.cached_state()).w_from, (idempotency.cached_state()).w_to),
                     pg_catalog.now())
             ON CONFLICT DO NOTHING
-            RETURNING (idempotency.cached_state()).upto INTO planned;
+            RETURNING x.tableoid, (idempotency.cached_state()).upto INTO at_part, planned;
             IF planned IS NULL THEN
                 RETURN false;   -- the key was there
             ELSIF planned OPERATOR(pg_catalog.=) ver
@@ -99,13 +100,14 @@ BEGIN
                       OPERATOR(pg_catalog.=) ver THEN
                 RETURN true;
             END IF;
-            -- A seal (or another change of the state) while this ran: written again the long way. (The row
-            -- just written, found by key: no other row of the key is this transaction's, or the lookups above
-            -- would have found it, and a partition it wrote cannot be sealed before it ends. Its address is not
-            -- collected for this rare case: that cost every call 5,000 instructions.)
+            -- A seal (or another change of the state) while this ran: written again the long way. (The row just
+            -- written, found by key in the partition it went to: the key's one row there. Not by the key alone:
+            -- while a seal is under way, the long way of an earlier call of this transaction may have written
+            -- the key into the next partition. The row's address is not collected for this rare case: with the
+            -- partition, that cost every call 5,000 instructions.)
             DELETE FROM idempotency.records x
-             WHERE x.key OPERATOR(pg_catalog.=) idem_once.key AND x.scope OPERATOR(pg_catalog.=) idem_once.scope
-               AND idempotency.written_here(x.xmin);
+             WHERE x.tableoid OPERATOR(pg_catalog.=) at_part
+               AND x.key OPERATOR(pg_catalog.=) idem_once.key AND x.scope OPERATOR(pg_catalog.=) idem_once.scope;
         END IF;
     END IF;
     st := idempotency.call_state('idem_once', true);

@@ -2,11 +2,12 @@
 -- Nothing stored changes: idem_claim, idem_once, idem_complete, idem_claim_batch and idem_once_batch are
 -- replaced. idem_once_batch makes its keys distinct by the sort that orders its write (before, by hashing and
 -- then sorting) and runs its key-filter test only when a key's print matched. The claims, idem_once and
--- idem_once_batch no longer collect the addresses of the rows they write, which served only the rare write
--- that a seal overtook (they take those rows out by key). idem_complete's common case no longer tests key and
--- scope for control characters (no row matches such a key; the long way says what is wrong with it). Run by
--- the 0.9.3 plain script over a 0.9.2 install, or by ALTER EXTENSION idempotency UPDATE after the 0.9.3
--- idempotency-tle.sql registered this path; in either case one transaction, in the schema of the install.
+-- idem_once_batch no longer collect the addresses of the rows they write, only their partition: the rare
+-- write that a seal overtook deletes its rows by key there. idem_complete's common case tests key and scope
+-- for control characters only where scope grants are enforced (elsewhere no row matches such a key, and the
+-- long way says what is wrong with it). Run by the 0.9.3 plain script over a 0.9.2 install, or by ALTER
+-- EXTENSION idempotency UPDATE after the 0.9.3 idempotency-tle.sql registered this path; in either case one
+-- transaction, in the schema of the install.
 
 -- Every function that changed in 0.9.3, from the sources.
 --@include 30-keys.sql: idem_claim

@@ -46,6 +46,11 @@ SELECT * FROM idem_status('k1', scope => 'a/orders');
 SELECT * FROM idem_claim_batch(ARRAY['x'], scope => 'a/orders');
 SELECT idem_next_offset('group-a', 't', 0);
 SELECT idem_record_offset('group-b', 't', 0, 1);
+-- Bad arguments are refused for what they are (22004, 22023) before the scope's grant is looked at.
+SELECT idem_complete(NULL, '1', scope => 'a/orders');
+SELECT idem_complete(E'k\n', '1', scope => 'a/orders');
+SELECT idem_complete('k1', '1', scope => NULL, token => 1);
+SELECT idem_complete('k1', '1', scope => E'b\n');
 RESET ROLE;
 SELECT idem_once('k2', scope => 'anything') AS superuser_passes;
 -- Revoked: the kind is off again once no grant of it is left.
