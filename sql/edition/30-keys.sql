@@ -260,7 +260,7 @@ DECLARE
     conflicted boolean;
     elsewhere boolean;
     h bigint;
-    at_part oid;
+    written_at timestamptz;
     c record;
 BEGIN
     IF ver OPERATOR(pg_catalog.<) 0 THEN
@@ -309,8 +309,8 @@ BEGIN
                     pg_catalog.clock_timestamp(),
                     pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) coalesce(idem_claim.ttl, (idempotency.cached_state()).lease_ttl))
             ON CONFLICT DO NOTHING
-            RETURNING x.token, x.attempts, x.expires_at, x.tableoid, (idempotency.cached_state()).upto
-                 INTO idem_claim.token, idem_claim.attempts, idem_claim.expires_at, at_part, planned;
+            RETURNING x.token, x.attempts, x.expires_at, x.created_at, (idempotency.cached_state()).upto
+                 INTO idem_claim.token, idem_claim.attempts, idem_claim.expires_at, written_at, planned;
             IF planned OPERATOR(pg_catalog.=) ver
                AND coalesce(pg_catalog.pg_sequence_last_value('idempotency.sealed_upto'::pg_catalog.regclass), 0)
                    OPERATOR(pg_catalog.=) ver THEN
@@ -342,11 +342,12 @@ BEGIN
                 END IF;
             ELSE
                 -- A seal (or another change of the state) while this ran: the row may be where later claims of
-                -- the key do not look. Deleted (found by key in the partition written, as in idem_once); claimed
-                -- again the long way.
+                -- the key do not look. Deleted (found by key and created_at, as in idem_once); claimed again the
+                -- long way.
                 DELETE FROM idempotency.records x
-                 WHERE x.tableoid OPERATOR(pg_catalog.=) at_part
-                   AND x.key OPERATOR(pg_catalog.=) idem_claim.key AND x.scope OPERATOR(pg_catalog.=) idem_claim.scope;
+                 WHERE x.created_at OPERATOR(pg_catalog.=) written_at
+                   AND x.key OPERATOR(pg_catalog.=) idem_claim.key AND x.scope OPERATOR(pg_catalog.=) idem_claim.scope
+                   AND idempotency.written_here(x.xmin);
             END IF;
         END IF;
     END IF;

@@ -51,7 +51,7 @@ LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 DECLARE
     ver bigint := idempotency.fast_version(true, false, false);
     planned bigint;
-    at_part oid;
+    written_at timestamptz;
     st idempotency.call_state;
     fresh boolean;
     h bigint;
@@ -92,7 +92,7 @@ BEGIN
                     idempotency.created_at((idempotency.cached_state()).w_from, (idempotency.cached_state()).w_to),
                     pg_catalog.now())
             ON CONFLICT DO NOTHING
-            RETURNING x.tableoid, (idempotency.cached_state()).upto INTO at_part, planned;
+            RETURNING x.created_at, (idempotency.cached_state()).upto INTO written_at, planned;
             IF planned IS NULL THEN
                 RETURN false;   -- the key was there
             ELSIF planned OPERATOR(pg_catalog.=) ver
@@ -101,13 +101,15 @@ BEGIN
                 RETURN true;
             END IF;
             -- A seal (or another change of the state) while this ran: written again the long way. (The row just
-            -- written, found by key in the partition it went to: the key's one row there. Not by the key alone:
-            -- while a seal is under way, the long way of an earlier call of this transaction may have written
-            -- the key into the next partition. The row's address is not collected for this rare case: with the
-            -- partition, that cost every call 5,000 instructions.)
+            -- written, found by key, by the created_at it was written with and as written by this transaction:
+            -- the key's one such row. Not by the key alone: while a seal is under way, the long way of an earlier
+            -- call of this transaction may have written the key into the next partition, with another
+            -- created_at. The row's address is not collected for this rare case: with its partition, that cost
+            -- every call 5,000 instructions.)
             DELETE FROM idempotency.records x
-             WHERE x.tableoid OPERATOR(pg_catalog.=) at_part
-               AND x.key OPERATOR(pg_catalog.=) idem_once.key AND x.scope OPERATOR(pg_catalog.=) idem_once.scope;
+             WHERE x.created_at OPERATOR(pg_catalog.=) written_at
+               AND x.key OPERATOR(pg_catalog.=) idem_once.key AND x.scope OPERATOR(pg_catalog.=) idem_once.scope
+               AND idempotency.written_here(x.xmin);
         END IF;
     END IF;
     st := idempotency.call_state('idem_once', true);

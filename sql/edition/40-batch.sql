@@ -94,7 +94,7 @@ DECLARE
     c record;
     k text;
     answers idempotency.claim_answer[];
-    part oid;
+    written_at timestamptz;
     iver bigint;
 BEGIN
     IF ver OPERATOR(pg_catalog.<) 0 THEN
@@ -148,24 +148,24 @@ BEGIN
                    pg_catalog.clock_timestamp(), pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) t
               FROM fresh f ORDER BY f.k
             ON CONFLICT DO NOTHING
-            RETURNING x.key, x.token, x.attempts, x.expires_at, x.tableoid)
+            RETURNING x.key, x.token, x.attempts, x.expires_at, x.created_at)
         SELECT pg_catalog.array_agg(ROW(wr.key, 'claimed', wr.token, wr.attempts, NULL, wr.expires_at)::idempotency.claim_answer),
-               pg_catalog.min(wr.tableoid), (idempotency.cached_state()).upto
-          INTO answers, part, iver FROM written wr;
+               pg_catalog.min(wr.created_at), (idempotency.cached_state()).upto
+          INTO answers, written_at, iver FROM written wr;
         IF answers IS NOT NULL
            AND (iver OPERATOR(pg_catalog.<>) st.upto
                 OR coalesce(pg_catalog.pg_sequence_last_value('idempotency.sealed_upto'::pg_catalog.regclass), 0) OPERATOR(pg_catalog.<>) iver) THEN
             PERFORM idempotency.seal_conflict('(batch)', idem_claim_batch.scope)
               WHERE pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed';
-            -- (The rows just written, found by key in the partition they went to, one for the whole write (its
-            -- created_at is one value): each key's one row there. Not by key alone: while a seal is under way,
-            -- the long way of an earlier call of this transaction may have written a key into the next
-            -- partition. Their addresses are not collected for this rare case: that cost every batch 1,600
-            -- instructions a key.)
+            -- (The rows just written, found by key, by the created_at they were written with (one value for the
+            -- whole write) and as written by this transaction: each key's one such row. Not by key alone: while
+            -- a seal is under way, the long way of an earlier call of this transaction may have written a key
+            -- into the next partition, with another created_at. Their addresses are not collected for this rare
+            -- case: that cost every batch 1,600 instructions a key.)
             DELETE FROM idempotency.records x
-             WHERE x.tableoid OPERATOR(pg_catalog.=) part
+             WHERE x.created_at OPERATOR(pg_catalog.=) written_at
                AND x.key OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT a.key FROM pg_catalog.unnest(answers) a))
-               AND x.scope OPERATOR(pg_catalog.=) idem_claim_batch.scope;
+               AND x.scope OPERATOR(pg_catalog.=) idem_claim_batch.scope AND idempotency.written_here(x.xmin);
             answers := NULL;
             st := idempotency.call_state(NULL, true);
         END IF;
@@ -229,7 +229,7 @@ DECLARE
     ver bigint := idempotency.fast_version(true, false, false);
     st idempotency.call_state;
     fresh text[];
-    part oid;
+    written_at timestamptz;
     iver bigint;
     maybes text[];
     slow boolean := true;
@@ -293,9 +293,9 @@ BEGIN
                                                AND o.created_at OPERATOR(pg_catalog.>=) (idempotency.cached_state()).w_to))))
              ORDER BY d.k
             ON CONFLICT DO NOTHING
-            RETURNING x.key, x.tableoid)
-        SELECT pg_catalog.array_agg(wr.key), pg_catalog.min(wr.tableoid), (idempotency.cached_state()).upto
-          INTO fresh, part, iver FROM written wr;
+            RETURNING x.key, x.created_at)
+        SELECT pg_catalog.array_agg(wr.key), pg_catalog.min(wr.created_at), (idempotency.cached_state()).upto
+          INTO fresh, written_at, iver FROM written wr;
         IF fresh IS NULL
            OR (iver OPERATOR(pg_catalog.=) st.upto
                AND coalesce(pg_catalog.pg_sequence_last_value('idempotency.sealed_upto'::pg_catalog.regclass), 0) OPERATOR(pg_catalog.=) iver) THEN
@@ -303,10 +303,11 @@ BEGIN
         ELSE
             PERFORM idempotency.seal_conflict('(batch)', idem_once_batch.scope)
               WHERE pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed';
-            -- (The rows just written, by key in the partition written, as in idem_claim_batch.)
+            -- (The rows just written, by key and created_at, as in idem_claim_batch.)
             DELETE FROM idempotency.records x
-             WHERE x.tableoid OPERATOR(pg_catalog.=) part
-               AND x.key OPERATOR(pg_catalog.=) ANY (fresh) AND x.scope OPERATOR(pg_catalog.=) idem_once_batch.scope;
+             WHERE x.created_at OPERATOR(pg_catalog.=) written_at
+               AND x.key OPERATOR(pg_catalog.=) ANY (fresh) AND x.scope OPERATOR(pg_catalog.=) idem_once_batch.scope
+               AND idempotency.written_here(x.xmin);
             fresh := NULL;
             st := idempotency.call_state(NULL, true);
         END IF;
