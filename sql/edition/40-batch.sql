@@ -94,7 +94,8 @@ DECLARE
     c record;
     k text;
     answers idempotency.claim_answer[];
-    written_at timestamptz;
+    w_from timestamptz;
+    w_to timestamptz;
     iver bigint;
 BEGIN
     IF ver OPERATOR(pg_catalog.<) 0 THEN
@@ -148,22 +149,23 @@ BEGIN
                    pg_catalog.clock_timestamp(), pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) t
               FROM fresh f ORDER BY f.k
             ON CONFLICT DO NOTHING
-            RETURNING x.key, x.token, x.attempts, x.expires_at, x.created_at)
+            RETURNING x.key, x.token, x.attempts, x.expires_at)
         SELECT pg_catalog.array_agg(ROW(wr.key, 'claimed', wr.token, wr.attempts, NULL, wr.expires_at)::idempotency.claim_answer),
-               pg_catalog.min(wr.created_at), (idempotency.cached_state()).upto
-          INTO answers, written_at, iver FROM written wr;
+               (idempotency.cached_state()).w_from, (idempotency.cached_state()).w_to, (idempotency.cached_state()).upto
+          INTO answers, w_from, w_to, iver FROM written wr;
         IF answers IS NOT NULL
            AND (iver OPERATOR(pg_catalog.<>) st.upto
                 OR coalesce(pg_catalog.pg_sequence_last_value('idempotency.sealed_upto'::pg_catalog.regclass), 0) OPERATOR(pg_catalog.<>) iver) THEN
             PERFORM idempotency.seal_conflict('(batch)', idem_claim_batch.scope)
               WHERE pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed';
-            -- (The rows just written, found by key, by the created_at they were written with (one value for the
-            -- whole write) and as written by this transaction: each key's one such row. Not by key alone: while
-            -- a seal is under way, the long way of an earlier call of this transaction may have written a key
-            -- into the next partition, with another created_at. Their addresses are not collected for this rare
-            -- case: that cost every batch 1,600 instructions a key.)
+            -- (The rows just written, found by key in the range of the partition written (the constants the
+            -- write planned with; a row trigger may have moved a row's created_at, but not out of its partition)
+            -- and as written by this transaction: each key's one such row. Not by key alone: while a seal is
+            -- under way, the long way of an earlier call of this transaction may have written a key into the
+            -- next partition. Their addresses are not collected for this rare case: that cost every batch 1,600
+            -- instructions a key.)
             DELETE FROM idempotency.records x
-             WHERE x.created_at OPERATOR(pg_catalog.=) written_at
+             WHERE x.created_at OPERATOR(pg_catalog.>=) w_from AND x.created_at OPERATOR(pg_catalog.<) w_to
                AND x.key OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT a.key FROM pg_catalog.unnest(answers) a))
                AND x.scope OPERATOR(pg_catalog.=) idem_claim_batch.scope AND idempotency.written_here(x.xmin);
             answers := NULL;
@@ -229,7 +231,8 @@ DECLARE
     ver bigint := idempotency.fast_version(true, false, false);
     st idempotency.call_state;
     fresh text[];
-    written_at timestamptz;
+    w_from timestamptz;
+    w_to timestamptz;
     iver bigint;
     maybes text[];
     slow boolean := true;
@@ -293,9 +296,10 @@ BEGIN
                                                AND o.created_at OPERATOR(pg_catalog.>=) (idempotency.cached_state()).w_to))))
              ORDER BY d.k
             ON CONFLICT DO NOTHING
-            RETURNING x.key, x.created_at)
-        SELECT pg_catalog.array_agg(wr.key), pg_catalog.min(wr.created_at), (idempotency.cached_state()).upto
-          INTO fresh, written_at, iver FROM written wr;
+            RETURNING x.key)
+        SELECT pg_catalog.array_agg(wr.key), (idempotency.cached_state()).w_from, (idempotency.cached_state()).w_to,
+               (idempotency.cached_state()).upto
+          INTO fresh, w_from, w_to, iver FROM written wr;
         IF fresh IS NULL
            OR (iver OPERATOR(pg_catalog.=) st.upto
                AND coalesce(pg_catalog.pg_sequence_last_value('idempotency.sealed_upto'::pg_catalog.regclass), 0) OPERATOR(pg_catalog.=) iver) THEN
@@ -303,9 +307,9 @@ BEGIN
         ELSE
             PERFORM idempotency.seal_conflict('(batch)', idem_once_batch.scope)
               WHERE pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed';
-            -- (The rows just written, by key and created_at, as in idem_claim_batch.)
+            -- (The rows just written, by key in the range written, as in idem_claim_batch.)
             DELETE FROM idempotency.records x
-             WHERE x.created_at OPERATOR(pg_catalog.=) written_at
+             WHERE x.created_at OPERATOR(pg_catalog.>=) w_from AND x.created_at OPERATOR(pg_catalog.<) w_to
                AND x.key OPERATOR(pg_catalog.=) ANY (fresh) AND x.scope OPERATOR(pg_catalog.=) idem_once_batch.scope
                AND idempotency.written_here(x.xmin);
             fresh := NULL;

@@ -2,8 +2,8 @@
 -- Nothing stored changes: idem_claim, idem_once, idem_complete, idem_claim_batch and idem_once_batch are
 -- replaced. idem_once_batch makes its keys distinct by the sort that orders its write (before, by hashing and
 -- then sorting) and runs its key-filter test only when a key's print matched. The claims, idem_once and
--- idem_once_batch no longer collect the addresses of the rows they write, only their created_at: the rare
--- write that a seal overtook deletes its rows by key, created_at and writer. idem_complete's common case tests key and scope
+-- idem_once_batch no longer collect the addresses of the rows they write: the rare write that a seal
+-- overtook deletes its rows by key, writer and the written partition's range. idem_complete's common case tests key and scope
 -- for control characters only where scope grants are enforced (elsewhere no row matches such a key, and the
 -- long way says what is wrong with it). Run by the 0.9.3 plain script over a 0.9.2 install, or by ALTER
 -- EXTENSION idempotency UPDATE after the 0.9.3 idempotency-tle.sql registered this path; in either case one
