@@ -3,7 +3,8 @@
 -- replaced. idem_once_batch makes its keys distinct by the sort that orders its write (before, by hashing and
 -- then sorting) and runs its key-filter test only when a key's print matched. The claims, idem_once and
 -- idem_once_batch no longer collect the addresses of the rows they write: the rare write that a seal
--- overtook deletes its rows by key, writer and the written partition's range. idem_complete's common case tests key and scope
+-- overtook deletes its rows by key and writer, a single call's by the created_at it wrote, a batch's within
+-- the written partition's range. idem_complete's common case tests key and scope
 -- for control characters only where scope grants are enforced (elsewhere no row matches such a key, and the
 -- long way says what is wrong with it). Run by the 0.9.3 plain script over a 0.9.2 install, or by ALTER
 -- EXTENSION idempotency UPDATE after the 0.9.3 idempotency-tle.sql registered this path; in either case one

@@ -306,8 +306,8 @@ SELECT * FROM idem_claim_batch(ARRAY['b-new', repeat('k', 513)]);
 SELECT * FROM idem_claim_batch(ARRAY['b-new'], scope => repeat('s', 513));
 SELECT idem_complete_batch(ARRAY['b-held', repeat('k', 513)], tokens => ARRAY[:bheld, :bheld]);
 SELECT * FROM idem_once_batch(ARRAY[repeat('k', 513), 'b-new']);
--- In bytes, whatever the characters (the batches' single test passes keys of up to a quarter of
--- max_key_bytes in characters and measures longer ones): 514 and 516 bytes are refused, 512 taken.
+-- In bytes, whatever the characters (the batches' single test measures each key with octet_length):
+-- 514 and 516 bytes are refused, 512 taken.
 SELECT * FROM idem_once_batch(ARRAY['b-new', repeat('é', 257)]);
 SELECT * FROM idem_claim_batch(ARRAY['b-new', repeat('🙂', 129)]);
 SELECT records_digest() = :'d0' AS nothing_written;
