@@ -62,6 +62,15 @@ SELECT outcome FROM idem_claim(repeat('k', 600));
 RESET idempotency.max_key_bytes;
 SELECT outcome FROM idem_claim(repeat('x', 600));
 RESET ALL;
+-- A session's limit that reads as the native library's default ('1000', as it shows where the library is
+-- loaded) still holds where the table is looser: the common path takes that value as changing nothing only
+-- where the table is no looser.
+UPDATE idempotency.settings SET max_batch_keys = 2000;
+SET idempotency.max_batch_keys = 1000;
+SELECT count(*) FROM idem_once_batch(ARRAY(SELECT 'nb-' || i FROM generate_series(1, 1001) i));
+RESET idempotency.max_batch_keys;
+SELECT count(*) FROM idem_once_batch(ARRAY(SELECT 'nb-' || i FROM generate_series(1, 1001) i));
+UPDATE idempotency.settings SET max_batch_keys = DEFAULT;
 
 -- The edition's owner changes them for everyone.
 UPDATE idempotency.settings SET max_attempts = 2;

@@ -1,0 +1,25 @@
+-- The SQL edition, 0.9.3 -> 0.9.4 (issue 32: the common paths where the native library is loaded in the
+-- cluster, and in sessions that ran them before a change of the state). Nothing stored changes.
+-- idempotency.fast_version takes the idempotency.* limits as unset or, where the native library is loaded, at
+-- its defaults, in one test (before, that case went through a second test, idempotency.fast_version_native),
+-- and idempotency.batch_args_fast takes the library's default of max_batch_keys the same way (before, the
+-- batches took the long way there). fast_version, fast_state, batch_args_fast and bad_keys take the state
+-- from their callers, which name idempotency.cached_state() in their own expressions, so that replacing it
+-- invalidates the callers' plans (read inside the helpers, its constants stayed in a session's cached plans).
+-- The helpers have new arguments: the new ones are made, the calls replaced, then the old ones dropped. Run
+-- by the 0.9.4 plain script over a 0.9.3 install, or by ALTER EXTENSION idempotency UPDATE after the 0.9.4
+-- idempotency-tle.sql registered this path; in either case one transaction, in the schema of the install.
+
+-- Every function that changed in 0.9.4, from the sources.
+--@include 15-state.sql: idempotency.fast_state idempotency.fast_version
+--@include 40-batch.sql: idempotency.batch_args_fast idempotency.bad_keys idem_claim_batch idem_once_batch
+--@include 30-keys.sql: idem_claim
+--@include 33-settle.sql: idem_complete
+--@include 35-once.sql: idem_once
+--@include 42-complete-batch.sql: idem_complete_batch
+DROP FUNCTION idempotency.fast_version_native(boolean, boolean, boolean);
+DROP FUNCTION idempotency.fast_version(boolean, boolean, boolean);
+DROP FUNCTION idempotency.fast_state(boolean);
+DROP FUNCTION idempotency.batch_args_fast(text[], text);
+DROP FUNCTION idempotency.bad_keys(text[]);
+--@include 90-finalize.sql
