@@ -58,15 +58,18 @@ $$;
 
 -- The common case of a batch's arguments, for the batches' single test (as idem_claim's with
 -- idempotency.fast_version): no idempotency.max_batch_keys of the session (or the native library's default,
--- where it changes nothing, as fast_version takes it), the size and the scope within the limits of st (the
+-- where it changes nothing, as fast_version takes it; not '', which the long way reads as no value of the
+-- session but keeps a value of its role or database), the size and the scope within the limits of st (the
 -- caller's idempotency.cached_state(), passed as fast_version's is), and no control character in the keys or
 -- the scope (one pattern over the keys joined and the scope); with NOT EXISTS (SELECT FROM
 -- idempotency.bad_keys(keys, max_key_bytes)) for the rest. Anything else takes the long way, which checks in
 -- the native extension's order. (SQL without a subquery: inlined into the calls.)
 CREATE FUNCTION idempotency.batch_args_fast(keys text[], scope text, st idempotency.call_state) RETURNS boolean
 LANGUAGE sql STABLE AS $$
-    SELECT coalesce(pg_catalog.current_setting('idempotency.max_batch_keys', true), '')
-               OPERATOR(pg_catalog.=) ANY (ARRAY['', CASE WHEN st.native_defaults_ok THEN '1000' END])
+    SELECT CASE WHEN st.native_defaults_ok
+                THEN pg_catalog.pg_settings_get_flags('idempotency.max_batch_keys') OPERATOR(pg_catalog.=) '{}'::text[]
+                     AND pg_catalog.current_setting('idempotency.max_batch_keys', true) OPERATOR(pg_catalog.=) '1000'
+                ELSE pg_catalog.current_setting('idempotency.max_batch_keys', true) IS NULL END
        AND pg_catalog.cardinality(keys) OPERATOR(pg_catalog.<=) st.max_batch_keys
        AND pg_catalog.octet_length(scope) OPERATOR(pg_catalog.<=) st.max_key_bytes
        AND (pg_catalog.array_to_string(keys, '') OPERATOR(pg_catalog.||) E'\u0001' OPERATOR(pg_catalog.||) scope)
