@@ -7,9 +7,10 @@ Two ways, both through the server's environment (pgtools.Cluster hands it to pg_
   environment. The clock then runs at the real rate from real time plus the offset, the same in every
   server and across restarts. `python3 tests/fakeclock.py before-midnight 300` prints the offset that puts
   the clock 300 s before the next midnight UTC (scripts/test runs suites so: docs/testing.md).
-* `FileClock`: a clock the test steps while the server runs. libfaketime reads the offset (and a rate, `x8`)
-  from a file at every call of the clock (FAKETIME_TIMESTAMP_FILE with FAKETIME_NO_CACHE); rewriting the
-  file moves every process of the server at once (tests/clock).
+* `FileClock`: a clock the test steps while the server runs. The offset (and a rate, `x8`) is read from a
+  file at every read of the wall clock (fakeclock_waits.c copies it into libfaketime's FAKETIME, which
+  FAKETIME_NO_CACHE makes it parse at every call); rewriting the file moves every process of the server at
+  once (tests/clock).
 
 In both, only the wall clock is fake: FAKETIME_DONT_FAKE_MONOTONIC keeps the monotonic clock real, and
 FAKETIME_ONLY_CMDS=postgres leaves pg_ctl, which waits for the server by the clock, alone. A small library
@@ -121,7 +122,10 @@ class FileClock:
         self._write()
 
     def env(self):
-        return {**base_env(), "FAKETIME_TIMESTAMP_FILE": str(self.path), "FAKETIME_NO_CACHE": "1"}
+        # libfaketime takes FAKETIME from the environment at every call (FAKETIME_NO_CACHE), and
+        # fakeclock_waits.c copies the file's line into it before each read of the wall clock: libfaketime's
+        # own file reading (FAKETIME_TIMESTAMP_FILE) allocates, which PostgreSQL's SIGALRM handler must not.
+        return {**base_env(), "FAKETIME": "+0", "IDEM_FAKECLOCK_FILE": str(self.path), "FAKETIME_NO_CACHE": "1"}
 
     def _write(self):
         # Written aside, then renamed: a process reading the file meanwhile sees the old or the new line.

@@ -32,7 +32,9 @@ class Server:
 def server():
     s = Server()
     s.clock.prepare()
-    s.cluster.server_env.update(s.clock.env())
+    # IDEM_FAKECLOCK_STRICT: an allocation inside the timeout handler aborts the backend at once
+    # (fakeclock_waits.c; test_signals.py).
+    s.cluster.server_env.update({**s.clock.env(), "IDEM_FAKECLOCK_STRICT": "1"})
     s.cluster.init()
     try:
         s.cluster.start()
@@ -41,6 +43,8 @@ def server():
         yield s
     finally:
         s.cluster.stop()
+        if s.cluster.running():   # (a fast shutdown that did not finish must not leave the port taken)
+            s.cluster.stop(mode="immediate")
 
 
 report, pytest_terminal_summary = figures.plugin(
