@@ -1,7 +1,7 @@
 -- The SQL edition: settings, argument checks and grants, shared by every function. Each runs inside a
 -- SECURITY DEFINER function of the edition (search_path = pg_catalog, pg_temp) and qualifies what it uses.
 
--- A setting's text as the session gave it (SET idempotency.<name>), or NULL.
+-- A setting's text as the session gave it (SET idempotency.<name>), or NULL (never set, or set to '').
 CREATE FUNCTION idempotency.session_value(name text) RETURNS text
 LANGUAGE sql STABLE PARALLEL SAFE AS $$
     SELECT NULLIF(pg_catalog.current_setting('idempotency.' OPERATOR(pg_catalog.||) name, true), '')
@@ -46,7 +46,8 @@ END
 $$;
 
 -- The values ALTER DATABASE ... SET and ALTER ROLE ... SET give a setting for this database and the calling
--- role (the floors a session of that role must not loosen).
+-- role or the session's login role (the floors a session must not loosen: SET ROLE to another role keeps the
+-- login role's). Setting names are matched without regard to case, as PostgreSQL matches them.
 CREATE FUNCTION idempotency.configured_values(name text) RETURNS text[]
 LANGUAGE plpgsql STABLE PARALLEL SAFE AS $$
 BEGIN
@@ -56,14 +57,17 @@ BEGIN
          WHERE d.setdatabase OPERATOR(pg_catalog.=) ANY (ARRAY[0::oid, (SELECT b.oid FROM pg_catalog.pg_database b
                                                                          WHERE b.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())])
            AND d.setrole OPERATOR(pg_catalog.=) ANY (ARRAY[0::oid, (SELECT r.oid FROM pg_catalog.pg_roles r
-                                                                     WHERE r.rolname OPERATOR(pg_catalog.=) idempotency.caller())])
-           AND pg_catalog.starts_with(c, 'idempotency.' OPERATOR(pg_catalog.||) name OPERATOR(pg_catalog.||) '='));
+                                                                     WHERE r.rolname OPERATOR(pg_catalog.=) idempotency.caller()),
+                                                        (SELECT r.oid FROM pg_catalog.pg_roles r
+                                                          WHERE r.rolname OPERATOR(pg_catalog.=) SESSION_USER)])
+           AND pg_catalog.starts_with(pg_catalog.lower(c), 'idempotency.' OPERATOR(pg_catalog.||) name OPERATOR(pg_catalog.||) '='));
 END
 $$;
 
 -- One limit in force: the table's value, tightened by any ALTER DATABASE / ALTER ROLE value and by the
--- session's own (SET idempotency.<name>); a superuser's session value stands as it is. kind: 'n' (a
--- number), 'b' (bytes), 's' (seconds, for an interval as microseconds), 'g' (require_scope_grants: 0 on).
+-- session's own (SET idempotency.<name>; NULL: set to ''); a superuser's session value stands as it is
+-- (set to '': the table's). kind: 'n' (a number), 'b' (bytes), 's' (seconds, for an interval as
+-- microseconds), 'g' (require_scope_grants: 0 on).
 CREATE FUNCTION idempotency.limit_in_force(name text, table_value bigint, session_value text, kind text) RETURNS bigint
 LANGUAGE plpgsql STABLE PARALLEL SAFE AS $$
 DECLARE
@@ -71,7 +75,7 @@ DECLARE
     c text;
 BEGIN
     IF idempotency.session_is_superuser() THEN
-        RETURN idempotency.limit_value(session_value, kind);
+        RETURN coalesce(idempotency.limit_value(session_value, kind), table_value);
     END IF;
     FOREACH c IN ARRAY idempotency.configured_values(name) || ARRAY[session_value] LOOP
         v := LEAST(v, idempotency.limit_value(c, kind));
@@ -86,7 +90,7 @@ BEGIN
     RETURN CASE kind
         WHEN 'b' THEN idempotency.parse_bytes(value)
         WHEN 's' THEN (EXTRACT(epoch FROM idempotency.parse_interval(value, 's')) OPERATOR(pg_catalog.*) 1000000)::bigint
-        WHEN 'g' THEN CASE WHEN value::boolean THEN 0 ELSE 1 END   -- require_scope_grants: on is the tighter
+        WHEN 'g' THEN CASE value::boolean WHEN true THEN 0 WHEN false THEN 1 END   -- require_scope_grants: on is the tighter
         ELSE value::bigint END;
 END
 $$;
@@ -104,24 +108,30 @@ BEGIN
     SELECT * INTO STRICT s FROM idempotency.settings;
     v := idempotency.session_value('lease_ttl');
     IF v IS NOT NULL THEN s.lease_ttl := idempotency.parse_interval(v, 'ms'); END IF;
-    v := idempotency.session_value('max_lease_ttl');
-    IF v IS NOT NULL THEN
+    -- A limit the session holds a value of, even '' (set and reset, or set to nothing: the session's own value
+    -- is then none, but one that ALTER ROLE or ALTER DATABASE gave it still holds).
+    IF pg_catalog.current_setting('idempotency.max_lease_ttl', true) IS NOT NULL THEN
         s.max_lease_ttl := pg_catalog.make_interval(secs => idempotency.limit_in_force('max_lease_ttl',
-            (EXTRACT(epoch FROM s.max_lease_ttl) OPERATOR(pg_catalog.*) 1000000)::bigint, v, 's')::pg_catalog.float8
-            OPERATOR(pg_catalog./) 1000000);
+            (EXTRACT(epoch FROM s.max_lease_ttl) OPERATOR(pg_catalog.*) 1000000)::bigint,
+            idempotency.session_value('max_lease_ttl'), 's')::pg_catalog.float8 OPERATOR(pg_catalog./) 1000000);
     END IF;
-    v := idempotency.session_value('max_attempts');
-    IF v IS NOT NULL THEN s.max_attempts := idempotency.limit_in_force('max_attempts', s.max_attempts, v, 'n'); END IF;
-    v := idempotency.session_value('max_key_bytes');
-    IF v IS NOT NULL THEN s.max_key_bytes := idempotency.limit_in_force('max_key_bytes', s.max_key_bytes, v, 'b'); END IF;
-    v := idempotency.session_value('max_payload_bytes');
-    IF v IS NOT NULL THEN s.max_payload_bytes := idempotency.limit_in_force('max_payload_bytes', s.max_payload_bytes, v, 'b'); END IF;
-    v := idempotency.session_value('max_batch_keys');
-    IF v IS NOT NULL THEN s.max_batch_keys := idempotency.limit_in_force('max_batch_keys', s.max_batch_keys, v, 'n'); END IF;
-    v := idempotency.session_value('require_scope_grants');
-    IF v IS NOT NULL THEN
+    IF pg_catalog.current_setting('idempotency.max_attempts', true) IS NOT NULL THEN
+        s.max_attempts := idempotency.limit_in_force('max_attempts', s.max_attempts, idempotency.session_value('max_attempts'), 'n');
+    END IF;
+    IF pg_catalog.current_setting('idempotency.max_key_bytes', true) IS NOT NULL THEN
+        s.max_key_bytes := idempotency.limit_in_force('max_key_bytes', s.max_key_bytes, idempotency.session_value('max_key_bytes'), 'b');
+    END IF;
+    IF pg_catalog.current_setting('idempotency.max_payload_bytes', true) IS NOT NULL THEN
+        s.max_payload_bytes := idempotency.limit_in_force('max_payload_bytes', s.max_payload_bytes,
+                                                          idempotency.session_value('max_payload_bytes'), 'b');
+    END IF;
+    IF pg_catalog.current_setting('idempotency.max_batch_keys', true) IS NOT NULL THEN
+        s.max_batch_keys := idempotency.limit_in_force('max_batch_keys', s.max_batch_keys, idempotency.session_value('max_batch_keys'), 'n');
+    END IF;
+    IF pg_catalog.current_setting('idempotency.require_scope_grants', true) IS NOT NULL THEN
         s.require_scope_grants := idempotency.limit_in_force('require_scope_grants',
-            CASE WHEN s.require_scope_grants THEN 0 ELSE 1 END, v, 'g') OPERATOR(pg_catalog.=) 0;
+            CASE WHEN s.require_scope_grants THEN 0 ELSE 1 END, idempotency.session_value('require_scope_grants'), 'g')
+            OPERATOR(pg_catalog.=) 0;
     END IF;
     RETURN s;
 END

@@ -74,11 +74,16 @@ BEGIN
     -- What the old path would make of the native extension's settings at their defaults (as a session sees
     -- them where the native library is loaded, in another database of the cluster): limits no looser than
     -- those defaults, and the lease at its default, so that reading the defaults as session values changes
-    -- nothing (idempotency.limit_in_force keeps the tighter of each).
+    -- nothing (idempotency.limit_in_force keeps the tighter of each). Only where the library is loaded (its
+    -- setting has no flag, where a placeholder's is NO_SHOW_ALL; only a superuser sets it): without it, a
+    -- consumer may set a placeholder to a default's text, and a value ALTER ROLE gave the session is a floor
+    -- that the text must not lift. (fast_version tests it again in the calling session: the library may be
+    -- loaded in the session that wrote the state and not in the caller's.)
     st.native_defaults_ok := st.max_key_bytes OPERATOR(pg_catalog.<=) 512
         AND st.max_payload_bytes OPERATOR(pg_catalog.<=) 1048576 AND st.max_lease_ttl OPERATOR(pg_catalog.<=) '1 day'::interval
         AND st.lease_ttl OPERATOR(pg_catalog.=) '5 min'::interval AND st.max_batch_keys OPERATOR(pg_catalog.<=) 1000
-        AND st.max_attempts OPERATOR(pg_catalog.<=) 5;
+        AND st.max_attempts OPERATOR(pg_catalog.<=) 5
+        AND pg_catalog.pg_settings_get_flags('idempotency.max_key_bytes') OPERATOR(pg_catalog.=) '{}'::text[];
     RETURN st;
 END
 $$;
@@ -182,13 +187,14 @@ BEGIN
     st.stale_seal := pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed'
         AND st.upto OPERATOR(pg_catalog.>) coalesce((SELECT (EXTRACT(epoch FROM pg_catalog.max(x.range_to)) OPERATOR(pg_catalog.*) 1000000)::bigint
                                                      FROM idempotency.sealed x), 0);
-    IF coalesce(NULLIF(pg_catalog.current_setting('idempotency.lease_ttl', true), ''),
-                NULLIF(pg_catalog.current_setting('idempotency.max_lease_ttl', true), ''),
-                NULLIF(pg_catalog.current_setting('idempotency.max_attempts', true), ''),
-                NULLIF(pg_catalog.current_setting('idempotency.max_key_bytes', true), ''),
-                NULLIF(pg_catalog.current_setting('idempotency.max_payload_bytes', true), ''),
-                NULLIF(pg_catalog.current_setting('idempotency.max_batch_keys', true), ''),
-                NULLIF(pg_catalog.current_setting('idempotency.require_scope_grants', true), '')) IS NOT NULL THEN
+    IF pg_catalog.num_nonnulls(pg_catalog.current_setting('idempotency.lease_ttl', true),
+                               pg_catalog.current_setting('idempotency.max_lease_ttl', true),
+                               pg_catalog.current_setting('idempotency.max_attempts', true),
+                               pg_catalog.current_setting('idempotency.max_key_bytes', true),
+                               pg_catalog.current_setting('idempotency.max_payload_bytes', true),
+                               pg_catalog.current_setting('idempotency.max_batch_keys', true),
+                               pg_catalog.current_setting('idempotency.require_scope_grants', true))
+       OPERATOR(pg_catalog.>) 0 THEN
         cfg := idempotency.config();
         st.max_lease_ttl := cfg.max_lease_ttl; st.max_attempts := cfg.max_attempts; st.max_key_bytes := cfg.max_key_bytes;
         st.max_payload_bytes := cfg.max_payload_bytes; st.max_batch_keys := cfg.max_batch_keys; st.lease_ttl := cfg.lease_ttl;
@@ -199,61 +205,66 @@ BEGIN
 END
 $$;
 
--- The state half of fast_version and fast_version_native: the constants' version (upto), or -1 when a
--- writing call would find the write partition dropped by hand, or not yet covering now. (Inlined, as they are.)
-CREATE FUNCTION idempotency.fast_state(writing boolean) RETURNS bigint
+-- The state half of fast_version: the version (upto) of st, the constants of idempotency.cached_state(), or
+-- -1 when a writing call would find the write partition dropped by hand, or not yet covering now. (Inlined,
+-- as fast_version is.)
+CREATE FUNCTION idempotency.fast_state(writing boolean, st idempotency.call_state) RETURNS bigint
 LANGUAGE sql AS $$
-    SELECT CASE WHEN (NOT writing OR pg_catalog.to_regclass((idempotency.cached_state()).w_name) IS NOT NULL)
-                 AND (NOT writing OR (idempotency.cached_state()).w_at_seal
-                      OR (idempotency.cached_state()).w_from OPERATOR(pg_catalog.<=) pg_catalog.now())
-                THEN (idempotency.cached_state()).upto ELSE -1 END
+    SELECT CASE WHEN (NOT writing OR pg_catalog.to_regclass(st.w_name) IS NOT NULL)
+                 AND (NOT writing OR st.w_at_seal OR st.w_from OPERATOR(pg_catalog.<=) pg_catalog.now())
+                THEN st.upto ELSE -1 END
 $$;
 
 -- Whether a key call may take its common path, which reads the state as the constants of
 -- idempotency.cached_state (folded into each statement's plan, so that a statement reads only the partitions
--- they name): their version (upto) when the call may, else -1 and the call tries
--- idempotency.fast_version_native, then takes the long way (idempotency.call_state). It may in a READ
--- COMMITTED, read-write transaction whose session set none of the idempotency.* limits the call reads (lease:
--- lease_ttl and max_lease_ttl; payload: max_payload_bytes; always max_key_bytes and require_scope_grants);
--- writing: when the write partition is there and covers now. Whether the constants still match sealed_upto a
--- writing call learns after its write (after the write partition's lock): a seal that committed before this
--- transaction began has replaced the constants already (a change of cached_state invalidates the plans that
--- folded them), so only a seal during the call can make them stale. Inlined into the calls, with constant
--- arguments: one expression of the fewest function calls (PostgreSQL builds each call's state, with its
--- EXECUTE privilege check, once per transaction: each costs a key call's transaction about 1,000 instructions,
--- and the whole call about 300,000).
-CREATE FUNCTION idempotency.fast_version(writing boolean, lease boolean, payload boolean) RETURNS bigint
+-- they name): their version (upto) when the call may, else -1 and the call takes the long way
+-- (idempotency.call_state). It may in a READ COMMITTED, read-write transaction where the idempotency.* limits
+-- the call reads (lease: lease_ttl and max_lease_ttl; payload: max_payload_bytes; always max_key_bytes and
+-- require_scope_grants) change nothing. Where the native library is not loaded (st.native_defaults_ok
+-- false: see live_state), none of them may have been set in the session (not even to '', as a limit set and
+-- reset leaves it: a value that ALTER ROLE or ALTER DATABASE gave the session is a floor, and '' must not lift
+-- it; the long way applies it). Where it is loaded, and its defaults are no looser than the settings table,
+-- they must show the native extension's defaults (src/gucs.rs), and the library must be loaded in this
+-- session too (its setting has no flag; a placeholder's is NO_SHOW_ALL): a placeholder may hold any text, the
+-- library's settings only their canonical text, which only a superuser sets, so that their concatenation
+-- reads as the defaults only if they are. st.native_defaults_ok is a constant: each call plans one branch.
+-- (Before 0.9.4 a first test took the unset case and '', and the library's defaults cost each call a second
+-- test, a tenth of its instructions, comparing a concatenation that a session could match with placeholder
+-- texts such as '512Boff', having the table's limits instead of its role's.) st is
+-- idempotency.cached_state(), named in the caller's expression: a plan is invalidated when cached_state is
+-- replaced only if the planner met that call in the plan's own expression. Called inside an inlined helper,
+-- its constants were folded in without that dependency, and a session's cached plans kept them (before
+-- 0.9.4: a batch took a limit the owner had tightened as it was before, and after a seal every claim and
+-- idem_once of a session that had called before went its long way, its version test failing). writing:
+-- when the write partition is there and covers now. Whether the constants still match sealed_upto a writing
+-- call learns after its write (after the write partition's lock): a seal that committed before this transaction began has replaced the constants already
+-- (a change of cached_state invalidates the plans that folded them), so only a seal during the call can make
+-- them stale. Inlined into the calls, with constant arguments: one expression of the fewest function calls
+-- (PostgreSQL builds each call's state, with its EXECUTE privilege check, once per transaction: each costs a
+-- key call's transaction about 1,000 instructions, and the whole call about 300,000).
+CREATE FUNCTION idempotency.fast_version(writing boolean, lease boolean, payload boolean, st idempotency.call_state)
+RETURNS bigint
 LANGUAGE sql AS $$
-    SELECT CASE WHEN pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed'
-                 AND pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'off'
-                 -- none set in this session (a placeholder set once, even to '', goes to fast_version_native)
-                 AND pg_catalog.num_nonnulls(pg_catalog.current_setting('idempotency.max_key_bytes', true),
-                                             pg_catalog.current_setting('idempotency.require_scope_grants', true),
-                                             CASE WHEN lease THEN pg_catalog.current_setting('idempotency.lease_ttl', true) END,
-                                             CASE WHEN lease THEN pg_catalog.current_setting('idempotency.max_lease_ttl', true) END,
-                                             CASE WHEN payload THEN pg_catalog.current_setting('idempotency.max_payload_bytes', true) END)
-                     OPERATOR(pg_catalog.=) 0
-                THEN idempotency.fast_state(writing) ELSE -1 END
-$$;
-
--- fast_version where it said -1: the same test, but the idempotency.* settings may also be set to nothing
--- (a placeholder set, then reset), or to the native extension's defaults as its library shows them
--- (src/gucs.rs) when they change nothing here (a cluster that loads the native library). A statement of its
--- own, so that the common case builds none of it.
-CREATE FUNCTION idempotency.fast_version_native(writing boolean, lease boolean, payload boolean) RETURNS bigint
-LANGUAGE sql AS $$
-    SELECT CASE WHEN pg_catalog.concat(pg_catalog.current_setting('transaction_isolation'),
-                                       pg_catalog.current_setting('transaction_read_only'),
-                                       pg_catalog.current_setting('idempotency.max_key_bytes', true),
-                                       pg_catalog.current_setting('idempotency.require_scope_grants', true),
-                                       CASE WHEN lease THEN pg_catalog.concat(pg_catalog.current_setting('idempotency.lease_ttl', true),
-                                                                              pg_catalog.current_setting('idempotency.max_lease_ttl', true)) END,
-                                       CASE WHEN payload THEN pg_catalog.current_setting('idempotency.max_payload_bytes', true) END)
-                     OPERATOR(pg_catalog.=) ANY (ARRAY['read committedoff',
-                         CASE WHEN (idempotency.cached_state()).native_defaults_ok
-                              THEN 'read committedoff512Boff' OPERATOR(pg_catalog.||) CASE WHEN lease THEN '5min1d' ELSE '' END
-                                   OPERATOR(pg_catalog.||) CASE WHEN payload THEN '1MB' ELSE '' END END])
-                THEN idempotency.fast_state(writing) ELSE -1 END
+    SELECT CASE WHEN CASE WHEN st.native_defaults_ok
+                          THEN pg_catalog.pg_settings_get_flags('idempotency.max_key_bytes') OPERATOR(pg_catalog.=) '{}'::text[]
+                               AND pg_catalog.concat(pg_catalog.current_setting('transaction_isolation'),
+                                                     pg_catalog.current_setting('transaction_read_only'),
+                                                     pg_catalog.current_setting('idempotency.max_key_bytes', true),
+                                                     pg_catalog.current_setting('idempotency.require_scope_grants', true),
+                                                     CASE WHEN lease THEN pg_catalog.current_setting('idempotency.lease_ttl', true) END,
+                                                     CASE WHEN lease THEN pg_catalog.current_setting('idempotency.max_lease_ttl', true) END,
+                                                     CASE WHEN payload THEN pg_catalog.current_setting('idempotency.max_payload_bytes', true) END)
+                                   OPERATOR(pg_catalog.=) ('read committedoff512Boff' OPERATOR(pg_catalog.||) CASE WHEN lease THEN '5min1d' ELSE '' END
+                                                          OPERATOR(pg_catalog.||) CASE WHEN payload THEN '1MB' ELSE '' END)
+                          ELSE pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed'
+                               AND pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'off'
+                               AND pg_catalog.num_nonnulls(pg_catalog.current_setting('idempotency.max_key_bytes', true),
+                                                           pg_catalog.current_setting('idempotency.require_scope_grants', true),
+                                                           CASE WHEN lease THEN pg_catalog.current_setting('idempotency.lease_ttl', true) END,
+                                                           CASE WHEN lease THEN pg_catalog.current_setting('idempotency.max_lease_ttl', true) END,
+                                                           CASE WHEN payload THEN pg_catalog.current_setting('idempotency.max_payload_bytes', true) END)
+                                   OPERATOR(pg_catalog.=) 0 END
+                THEN idempotency.fast_state(writing, st) ELSE -1 END
 $$;
 
 -- 22004 / 22023 / 54000 for a key call's key and scope, in the native extension's order, after a single

@@ -253,7 +253,7 @@ CREATE FUNCTION idem_claim(key text, ttl interval DEFAULT NULL, scope text DEFAU
 RETURNS TABLE (outcome text, token bigint, attempts integer, payload jsonb, expires_at timestamptz)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    ver bigint := idempotency.fast_version(true, true, false);
+    ver bigint := idempotency.fast_version(true, true, false, idempotency.cached_state());
     planned bigint;
     st idempotency.call_state;
     t interval;
@@ -263,9 +263,6 @@ DECLARE
     written_at timestamptz;
     c record;
 BEGIN
-    IF ver OPERATOR(pg_catalog.<) 0 THEN
-        ver := idempotency.fast_version_native(true, true, false);
-    END IF;
     -- The common case (idempotency.fast_version): arguments within the limits (key and scope not empty and
     -- without control characters: one pattern over both, joined by one; a NULL one fails it), no record of
     -- the key outside the write partition, and the new row written there. The state comes from

@@ -44,13 +44,10 @@ RETURNS void
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     m text;
-    ver bigint := idempotency.fast_version(false, false, true);
+    ver bigint := idempotency.fast_version(false, false, true, idempotency.cached_state());
     st idempotency.call_state;
     h record;
 BEGIN
-    IF ver OPERATOR(pg_catalog.<) 0 THEN
-        ver := idempotency.fast_version_native(false, false, true);
-    END IF;
     -- The common case in one statement: the key's pending row in the write partition, held by the given token
     -- or, without one, written by this transaction (its claim, outside a subtransaction: the long way sees
     -- those). The limits and the write partition as in idem_claim's common case (idempotency.fast_version:

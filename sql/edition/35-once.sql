@@ -49,7 +49,7 @@ $$;
 CREATE FUNCTION idem_once(key text, scope text DEFAULT 'default') RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
-    ver bigint := idempotency.fast_version(true, false, false);
+    ver bigint := idempotency.fast_version(true, false, false, idempotency.cached_state());
     planned bigint;
     written_at timestamptz;
     st idempotency.call_state;
@@ -57,9 +57,6 @@ DECLARE
     h bigint;
     maybe boolean;
 BEGIN
-    IF ver OPERATOR(pg_catalog.<) 0 THEN
-        ver := idempotency.fast_version_native(true, false, false);
-    END IF;
     -- The common case, as idem_claim's (idempotency.fast_version): the key looked for outside the write
     -- partition only where a partition can hold it, then written there.
     IF ver OPERATOR(pg_catalog.>=) 0

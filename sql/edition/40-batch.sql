@@ -57,26 +57,33 @@ END
 $$;
 
 -- The common case of a batch's arguments, for the batches' single test (as idem_claim's with
--- idempotency.fast_version): no idempotency.max_batch_keys of the session, the size and the scope within the
--- limits, and no control character in the keys or the scope (one pattern over the keys joined and the
--- scope); with NOT EXISTS (SELECT FROM idempotency.bad_keys(keys)) for the rest. Anything else takes the long
--- way, which checks in the native extension's order. (SQL without a subquery: inlined into the calls.)
-CREATE FUNCTION idempotency.batch_args_fast(keys text[], scope text) RETURNS boolean
+-- idempotency.fast_version): no idempotency.max_batch_keys of the session (or the native library's default,
+-- where it changes nothing, as fast_version takes it; not '', which the long way reads as no value of the
+-- session but keeps a value of its role or database), the size and the scope within the limits of st (the
+-- caller's idempotency.cached_state(), passed as fast_version's is), and no control character in the keys or
+-- the scope (one pattern over the keys joined and the scope); with NOT EXISTS (SELECT FROM
+-- idempotency.bad_keys(keys, max_key_bytes)) for the rest. Anything else takes the long way, which checks in
+-- the native extension's order. (SQL without a subquery: inlined into the calls.)
+CREATE FUNCTION idempotency.batch_args_fast(keys text[], scope text, st idempotency.call_state) RETURNS boolean
 LANGUAGE sql STABLE AS $$
-    SELECT pg_catalog.current_setting('idempotency.max_batch_keys', true) IS NULL
-       AND pg_catalog.cardinality(keys) OPERATOR(pg_catalog.<=) (idempotency.cached_state()).max_batch_keys
-       AND pg_catalog.octet_length(scope) OPERATOR(pg_catalog.<=) (idempotency.cached_state()).max_key_bytes
+    SELECT CASE WHEN st.native_defaults_ok
+                THEN pg_catalog.pg_settings_get_flags('idempotency.max_batch_keys') OPERATOR(pg_catalog.=) '{}'::text[]
+                     AND pg_catalog.current_setting('idempotency.max_batch_keys', true) OPERATOR(pg_catalog.=) '1000'
+                ELSE pg_catalog.current_setting('idempotency.max_batch_keys', true) IS NULL END
+       AND pg_catalog.cardinality(keys) OPERATOR(pg_catalog.<=) st.max_batch_keys
+       AND pg_catalog.octet_length(scope) OPERATOR(pg_catalog.<=) st.max_key_bytes
        AND (pg_catalog.array_to_string(keys, '') OPERATOR(pg_catalog.||) E'\u0001' OPERATOR(pg_catalog.||) scope)
            OPERATOR(pg_catalog.~) '^[^\u0001-\u001f\u007f-\u009f]*\u0001[^\u0001-\u001f\u007f-\u009f]+$'
 $$;
 
--- The keys of a batch that are NULL, empty or longer than max_key_bytes as the state says. (A set-returning
--- SQL function: inlined into the calls' NOT EXISTS.)
-CREATE FUNCTION idempotency.bad_keys(keys text[]) RETURNS SETOF text
+-- The keys of a batch that are NULL, empty or longer than max_bytes (the caller's
+-- (idempotency.cached_state()).max_key_bytes, as fast_version's state). (A set-returning SQL function:
+-- inlined into the calls' NOT EXISTS.)
+CREATE FUNCTION idempotency.bad_keys(keys text[], max_bytes integer) RETURNS SETOF text
 LANGUAGE sql STABLE AS $$
     SELECT u.k FROM pg_catalog.unnest(keys) AS u(k)
      WHERE u.k IS NULL OR u.k OPERATOR(pg_catalog.=) ''
-        OR pg_catalog.octet_length(u.k) OPERATOR(pg_catalog.>) (idempotency.cached_state()).max_key_bytes
+        OR pg_catalog.octet_length(u.k) OPERATOR(pg_catalog.>) max_bytes
 $$;
 
 -- One answer of a batch claim.
@@ -87,7 +94,7 @@ CREATE FUNCTION idem_claim_batch(keys text[], ttl interval DEFAULT NULL, scope t
 RETURNS TABLE (key text, outcome text, token bigint, attempts integer, payload jsonb, expires_at timestamptz)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
-    ver bigint := idempotency.fast_version(true, true, false);
+    ver bigint := idempotency.fast_version(true, true, false, idempotency.cached_state());
     s idempotency.settings;
     t interval;
     st idempotency.call_state;
@@ -98,16 +105,13 @@ DECLARE
     w_to timestamptz;
     iver bigint;
 BEGIN
-    IF ver OPERATOR(pg_catalog.<) 0 THEN
-        ver := idempotency.fast_version_native(true, true, false);
-    END IF;
     -- The common case, as idem_once_batch's, and a ttl within the limits.
     IF ver OPERATOR(pg_catalog.>=) 0
-       AND idempotency.batch_args_fast(idem_claim_batch.keys, idem_claim_batch.scope)
+       AND idempotency.batch_args_fast(idem_claim_batch.keys, idem_claim_batch.scope, idempotency.cached_state())
        AND (CASE WHEN idem_claim_batch.ttl IS NULL THEN (idempotency.cached_state()).lease_ttl_ok
                  ELSE idem_claim_batch.ttl OPERATOR(pg_catalog.>) '0'::interval
                       AND idem_claim_batch.ttl OPERATOR(pg_catalog.<=) (idempotency.cached_state()).max_lease_ttl END)
-       AND NOT EXISTS (SELECT FROM idempotency.bad_keys(idem_claim_batch.keys)) THEN
+       AND NOT EXISTS (SELECT FROM idempotency.bad_keys(idem_claim_batch.keys, (idempotency.cached_state()).max_key_bytes)) THEN
         IF (idempotency.cached_state()).grants_enforced THEN
             PERFORM idempotency.authorize_enforced('scope', idem_claim_batch.scope);
         END IF;
@@ -228,7 +232,7 @@ $$;
 CREATE FUNCTION idem_once_batch(keys text[], scope text DEFAULT 'default') RETURNS SETOF text
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
-    ver bigint := idempotency.fast_version(true, false, false);
+    ver bigint := idempotency.fast_version(true, false, false, idempotency.cached_state());
     st idempotency.call_state;
     fresh text[];
     w_from timestamptz;
@@ -239,16 +243,13 @@ DECLARE
     k text;
     one boolean;
 BEGIN
-    IF ver OPERATOR(pg_catalog.<) 0 THEN
-        ver := idempotency.fast_version_native(true, false, false);
-    END IF;
-    -- The common case, as idem_once's (idempotency.fast_version, and no idempotency.max_batch_keys of the
-    -- session): the arguments checked at once (the control characters by one pattern over the keys joined and
+    -- The common case, as idem_once's (idempotency.fast_version, and idempotency.batch_args_fast's test of
+    -- idempotency.max_batch_keys): the arguments checked at once (the control characters by one pattern over the keys joined and
     -- the scope, the rest key by key in one statement), the state from idempotency.cached_state. Anything
     -- else, a bad argument included, takes the long way, which checks in the native extension's order.
     IF ver OPERATOR(pg_catalog.>=) 0
-       AND idempotency.batch_args_fast(idem_once_batch.keys, idem_once_batch.scope)
-       AND NOT EXISTS (SELECT FROM idempotency.bad_keys(idem_once_batch.keys)) THEN
+       AND idempotency.batch_args_fast(idem_once_batch.keys, idem_once_batch.scope, idempotency.cached_state())
+       AND NOT EXISTS (SELECT FROM idempotency.bad_keys(idem_once_batch.keys, (idempotency.cached_state()).max_key_bytes)) THEN
         IF (idempotency.cached_state()).grants_enforced THEN
             PERFORM idempotency.authorize_enforced('scope', idem_once_batch.scope);
         END IF;

@@ -7,7 +7,7 @@ RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET plan_cache_mode = force_generic_plan
 SET enable_nestloop = off AS $$
 DECLARE
-    ver bigint := idempotency.fast_version(false, false, true);
+    ver bigint := idempotency.fast_version(false, false, true, idempotency.cached_state());
     s idempotency.settings;
     n integer := coalesce(pg_catalog.cardinality(idem_complete_batch.keys), 0);
     one record;
@@ -15,13 +15,10 @@ DECLARE
     done integer;
     done_keys text[];
 BEGIN
-    IF ver OPERATOR(pg_catalog.<) 0 THEN
-        ver := idempotency.fast_version_native(false, false, true);
-    END IF;
     -- The keys, the scope and the size at once in the common case, as in idem_once_batch; the rest below.
     IF ver OPERATOR(pg_catalog.>=) 0
-       AND idempotency.batch_args_fast(idem_complete_batch.keys, idem_complete_batch.scope)
-       AND NOT EXISTS (SELECT FROM idempotency.bad_keys(idem_complete_batch.keys)) THEN
+       AND idempotency.batch_args_fast(idem_complete_batch.keys, idem_complete_batch.scope, idempotency.cached_state())
+       AND NOT EXISTS (SELECT FROM idempotency.bad_keys(idem_complete_batch.keys, (idempotency.cached_state()).max_key_bytes)) THEN
         IF (idempotency.cached_state()).grants_enforced THEN
             PERFORM idempotency.authorize_enforced('scope', idem_complete_batch.scope);
         END IF;

@@ -46,6 +46,15 @@ SET idempotency.require_scope_grants = off;
 SELECT idem_once('strict-again');
 SET idempotency.max_key_bytes = 512;
 SELECT idem_once(repeat('k', 17));
+-- Nor by setting it to nothing, or to the text the native library shows for its default (where the library
+-- is not loaded, a session's placeholder may hold any text).
+SET idempotency.max_key_bytes = '';
+SELECT idem_once(repeat('k', 17));
+SELECT count(*) FROM idem_once_batch(ARRAY[repeat('k', 17)]);
+SET idempotency.max_key_bytes = '512B';
+SELECT idem_once(repeat('k', 17));
+SET idempotency.require_scope_grants = '';
+SELECT idem_once('strict-empty');
 RESET ROLE;
 ALTER ROLE idem_plain RESET ALL;
 SET ROLE idem_plain;
@@ -55,6 +64,23 @@ SELECT idem_once(repeat('k', 17)) AS long_key_again;
 SELECT * FROM idempotency.settings;
 UPDATE idempotency.settings SET max_key_bytes = 100000;
 RESET ROLE;
+-- A floor given at login holds too: the database's value, on the common path as well (a session holding
+-- only that limit, set to ''), and the login role's after SET ROLE (here the superuser running the test).
+DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET idempotency.max_key_bytes = 16', current_database()); END $$;
+\c
+SET ROLE idem_plain;
+SET idempotency.max_key_bytes = '';
+SELECT idem_once(repeat('k', 17));
+RESET ROLE;
+DO $$ BEGIN EXECUTE format('ALTER DATABASE %I RESET idempotency.max_key_bytes', current_database()); END $$;
+DO $$ BEGIN EXECUTE format('ALTER ROLE %I IN DATABASE %I SET idempotency.require_scope_grants = on', current_user, current_database()); END $$;
+\c
+SET ROLE idem_plain;
+SET idempotency.require_scope_grants = '';
+SELECT idem_once('login-floor');
+RESET ROLE;
+DO $$ BEGIN EXECUTE format('ALTER ROLE %I IN DATABASE %I RESET idempotency.require_scope_grants', current_user, current_database()); END $$;
+\c
 
 -- A superuser may loosen one for its session.
 SET idempotency.max_key_bytes = 1000;
@@ -62,6 +88,15 @@ SELECT outcome FROM idem_claim(repeat('k', 600));
 RESET idempotency.max_key_bytes;
 SELECT outcome FROM idem_claim(repeat('x', 600));
 RESET ALL;
+-- A session's limit that reads as the native library's default ('1000', as it shows where the library is
+-- loaded) still holds where the table is looser: the common path takes that value as changing nothing only
+-- where the table is no looser.
+UPDATE idempotency.settings SET max_batch_keys = 2000;
+SET idempotency.max_batch_keys = 1000;
+SELECT count(*) FROM idem_once_batch(ARRAY(SELECT 'nb-' || i FROM generate_series(1, 1001) i));
+RESET idempotency.max_batch_keys;
+SELECT count(*) FROM idem_once_batch(ARRAY(SELECT 'nb-' || i FROM generate_series(1, 1001) i));
+UPDATE idempotency.settings SET max_batch_keys = DEFAULT;
 
 -- The edition's owner changes them for everyone.
 UPDATE idempotency.settings SET max_attempts = 2;

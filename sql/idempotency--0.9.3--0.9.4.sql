@@ -1,0 +1,5 @@
+-- 0.9.3 -> 0.9.4: the native extension's schema and what it stores do not change; there is nothing to do.
+-- 0.9.4 is a version of the SQL edition (sql/edition/: its common paths where the native library is loaded in
+-- the cluster, functions only; its upgrade sql/edition/upgrades/idempotency--0.9.3--0.9.4.sql), and the two
+-- editions share one version number, the crate's. ALTER EXTENSION idempotency UPDATE only records the new
+-- version, after PostgreSQL was restarted on the 0.9.4 library.
