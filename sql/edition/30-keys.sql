@@ -254,6 +254,10 @@ RETURNS TABLE (outcome text, token bigint, attempts integer, payload jsonb, expi
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     ver bigint := idempotency.fast_version(true, true, false, idempotency.cached_state());
+    st0 idempotency.call_state := idempotency.cached_state();   -- what the guards below read
+    seen_f boolean;                                              -- what the write planned with
+    seen_u timestamptz;
+    seen_p boolean;
     planned bigint;
     st idempotency.call_state;
     t interval;
@@ -306,9 +310,14 @@ BEGIN
                     pg_catalog.clock_timestamp(),
                     pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) coalesce(idem_claim.ttl, (idempotency.cached_state()).lease_ttl))
             ON CONFLICT DO NOTHING
-            RETURNING x.token, x.attempts, x.expires_at, x.created_at, (idempotency.cached_state()).upto
-                 INTO idem_claim.token, idem_claim.attempts, idem_claim.expires_at, written_at, planned;
-            IF planned OPERATOR(pg_catalog.=) ver
+            RETURNING x.token, x.attempts, x.expires_at, x.created_at, (idempotency.cached_state()).upto,
+                      (idempotency.cached_state()).filtered, (idempotency.cached_state()).unfiltered_from, (idempotency.cached_state()).probe_ahead
+                 INTO idem_claim.token, idem_claim.attempts, idem_claim.expires_at, written_at, planned, seen_f, seen_u, seen_p;
+            -- (Where the key was looked for too, not only the version: a maintenance round that writes a key filter replaces the
+            -- state without moving sealed_upto, and the probe, planned again at its first lock, may have read the
+            -- new state after the guards read the old one: edition_filter_race.spec.)
+            IF planned OPERATOR(pg_catalog.=) ver AND seen_f IS NOT DISTINCT FROM st0.filtered
+               AND seen_u IS NOT DISTINCT FROM st0.unfiltered_from AND seen_p IS NOT DISTINCT FROM st0.probe_ahead
                AND coalesce(pg_catalog.pg_sequence_last_value('idempotency.sealed_upto'::pg_catalog.regclass), 0)
                    OPERATOR(pg_catalog.=) ver THEN
                 outcome := 'claimed';

@@ -238,6 +238,8 @@ DECLARE
     w_from timestamptz;
     w_to timestamptz;
     iver bigint;
+    wf boolean;
+    wu timestamptz;
     maybes text[];
     slow boolean := true;
     k text;
@@ -299,10 +301,11 @@ BEGIN
             ON CONFLICT DO NOTHING
             RETURNING x.key)
         SELECT pg_catalog.array_agg(wr.key), (idempotency.cached_state()).w_from, (idempotency.cached_state()).w_to,
-               (idempotency.cached_state()).upto
-          INTO fresh, w_from, w_to, iver FROM written wr;
+               (idempotency.cached_state()).upto, (idempotency.cached_state()).filtered, (idempotency.cached_state()).unfiltered_from
+          INTO fresh, w_from, w_to, iver, wf, wu FROM written wr;
+        -- (Where the keys were looked for too, not only the version, as in idem_claim: edition_filter_race.spec.)
         IF fresh IS NULL
-           OR (iver OPERATOR(pg_catalog.=) st.upto
+           OR (iver OPERATOR(pg_catalog.=) st.upto AND wf IS NOT DISTINCT FROM st.filtered AND wu IS NOT DISTINCT FROM st.unfiltered_from
                AND coalesce(pg_catalog.pg_sequence_last_value('idempotency.sealed_upto'::pg_catalog.regclass), 0) OPERATOR(pg_catalog.=) iver) THEN
             slow := false;
         ELSE
