@@ -25,7 +25,8 @@ CREATE TYPE idempotency.call_state AS (
     native_defaults_ok boolean,      -- the native extension's settings at their defaults change nothing here (see fast_version)
     w_name            text,          -- the write partition's qualified name (a partition dropped by hand is seen)
     filtered          boolean,       -- a partition before the write partition has its key filter (idempotency.sealed_keys)
-    unfiltered_from   timestamptz    -- the start of the oldest partition before it without one (read by index), or NULL
+    unfiltered_from   timestamptz,   -- the start of the oldest partition before it without one (read by index), or NULL
+    gen               bigint         -- the cached state's generation: the transaction that wrote it (NULL from live_state)
 );
 
 -- The state as the tables say it now (the partitions, the seals, the settings, the grants): the one
@@ -94,19 +95,22 @@ $$;
 -- idempotency.live_state.
 CREATE FUNCTION idempotency.cached_state() RETURNS idempotency.call_state
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT ROW(NULL, NULL, NULL, NULL, NULL, NULL, NULL, -1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::idempotency.call_state
+    SELECT ROW(NULL, NULL, NULL, NULL, NULL, NULL, NULL, -1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::idempotency.call_state
 $$;
 
 -- Writes idempotency.cached_state from the tables. One writer at a time, reading the tables after the
 -- previous one committed (READ COMMITTED); under REPEATABLE READ or SERIALIZABLE the snapshot may be older
 -- than the last writer's, so the state is marked out of date (upto -1) instead, and calls read the tables
 -- until the next maintenance round writes it again. The constants are written so that they read back the
--- same under any DateStyle, TimeZone or IntervalStyle (timestamps as microseconds since 1970).
+-- same under any DateStyle, TimeZone or IntervalStyle (timestamps as microseconds since 1970). A state that
+-- differs from the one in force is written with a new generation (gen: this transaction's id, which no other
+-- writer shares, and only the last state a transaction writes is seen by others): a call that reads the same
+-- generation before its guards and in its write read one state throughout (idem_claim, idem_once).
 CREATE FUNCTION idempotency.write_call_cache() RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET intervalstyle = 'postgres' AS $$
 DECLARE
     st idempotency.call_state;
-    body text;
+    fields text;
 BEGIN
     PERFORM pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('idempotency.call_cache')::bigint);
     IF pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' THEN
@@ -114,8 +118,8 @@ BEGIN
     ELSE
         st.upto := -1;
     END IF;
-    body := pg_catalog.format(
-        'SELECT ROW(%L::interval, %s, %s, %s, %s, %L::interval, %s, %s, %s, %s, %s, %s, %s, false, %s, %s, %s, %s, %L, %s, %s)::idempotency.call_state',
+    fields := pg_catalog.format(
+        '%L::interval, %s, %s, %s, %s, %L::interval, %s, %s, %s, %s, %s, %s, %s, false, %s, %s, %s, %s, %L, %s, %s',
         st.max_lease_ttl, coalesce(st.max_attempts::text, 'NULL'), coalesce(st.max_key_bytes::text, 'NULL'),
         coalesce(st.max_payload_bytes::text, 'NULL'), coalesce(st.max_batch_keys::text, 'NULL'), st.lease_ttl,
         coalesce(st.grants_enforced::text, 'NULL'), st.upto,
@@ -125,10 +129,15 @@ BEGIN
         coalesce(st.w_at_seal::text, 'NULL'), coalesce(st.lease_ttl_ok::text, 'NULL'), coalesce(st.max_payload_bytes_4::text, 'NULL'),
         coalesce(st.native_defaults_ok::text, 'NULL'), st.w_name, coalesce(st.filtered::text, 'NULL'),
         coalesce('pg_catalog.to_timestamp(' OPERATOR(pg_catalog.||) (EXTRACT(epoch FROM st.unfiltered_from))::text OPERATOR(pg_catalog.||) ')', 'NULL'));
-    IF body OPERATOR(pg_catalog.<>) (SELECT pg_catalog.btrim(p.prosrc, E' \n') FROM pg_catalog.pg_proc p
-                                      WHERE p.oid OPERATOR(pg_catalog.=) 'idempotency.cached_state()'::pg_catalog.regprocedure) THEN
+    -- (The body in force is 'SELECT ROW(<fields>, <gen>)::idempotency.call_state'.)
+    IF NOT pg_catalog.starts_with((SELECT pg_catalog.btrim(p.prosrc, E' \n') FROM pg_catalog.pg_proc p
+                                    WHERE p.oid OPERATOR(pg_catalog.=) 'idempotency.cached_state()'::pg_catalog.regprocedure),
+                                   'SELECT ROW(' OPERATOR(pg_catalog.||) fields OPERATOR(pg_catalog.||) ', ') THEN
         EXECUTE pg_catalog.format('CREATE OR REPLACE FUNCTION idempotency.cached_state() RETURNS idempotency.call_state '
-                                  'LANGUAGE sql IMMUTABLE PARALLEL SAFE AS %L', body);
+                                  'LANGUAGE sql IMMUTABLE PARALLEL SAFE AS %L',
+                                  'SELECT ROW(' OPERATOR(pg_catalog.||) fields OPERATOR(pg_catalog.||) ', '
+                                  OPERATOR(pg_catalog.||) pg_catalog.pg_current_xact_id()::text
+                                  OPERATOR(pg_catalog.||) ')::idempotency.call_state');
     END IF;
 END
 $$;

@@ -253,11 +253,8 @@ CREATE FUNCTION idem_claim(key text, ttl interval DEFAULT NULL, scope text DEFAU
 RETURNS TABLE (outcome text, token bigint, attempts integer, payload jsonb, expires_at timestamptz)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
+    gen0 bigint := (idempotency.cached_state()).gen;   -- read first (below)
     ver bigint := idempotency.fast_version(true, true, false, idempotency.cached_state());
-    st0 idempotency.call_state := idempotency.cached_state();   -- what the guards below read
-    seen_f boolean;                                              -- what the write planned with
-    seen_u timestamptz;
-    seen_p boolean;
     planned bigint;
     st idempotency.call_state;
     t interval;
@@ -271,8 +268,8 @@ BEGIN
     -- without control characters: one pattern over both, joined by one; a NULL one fails it), no record of
     -- the key outside the write partition, and the new row written there. The state comes from
     -- idempotency.cached_state, folded into each statement's plan. The write returns what the claim answers
-    -- and the version of the constants it planned with; then sealed_upto must still match them and those of
-    -- the first test. (The claim is not remembered for idem_complete: in READ COMMITTED it finds the row by
+    -- and the generation of the state it planned with, which must be the one read first (gen0); then
+    -- sealed_upto must still match the state's. (The claim is not remembered for idem_complete: in READ COMMITTED it finds the row by
     -- key, as written by this transaction.)
     IF ver OPERATOR(pg_catalog.>=) 0 AND idem_claim.wait
        AND GREATEST(pg_catalog.octet_length(idem_claim.key), pg_catalog.octet_length(idem_claim.scope),
@@ -310,21 +307,22 @@ BEGIN
                     pg_catalog.clock_timestamp(),
                     pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) coalesce(idem_claim.ttl, (idempotency.cached_state()).lease_ttl))
             ON CONFLICT DO NOTHING
-            RETURNING x.token, x.attempts, x.expires_at, x.created_at, (idempotency.cached_state()).upto,
-                      (idempotency.cached_state()).filtered, (idempotency.cached_state()).unfiltered_from, (idempotency.cached_state()).probe_ahead
-                 INTO idem_claim.token, idem_claim.attempts, idem_claim.expires_at, written_at, planned, seen_f, seen_u, seen_p;
-            -- (Where the key was looked for too, not only the version: a maintenance round that writes a key filter replaces the
-            -- state without moving sealed_upto, and the probe, planned again at its first lock, may have read the
-            -- new state after the guards read the old one: edition_filter_race.spec.)
-            IF planned OPERATOR(pg_catalog.=) ver AND seen_f IS NOT DISTINCT FROM st0.filtered
-               AND seen_u IS NOT DISTINCT FROM st0.unfiltered_from AND seen_p IS NOT DISTINCT FROM st0.probe_ahead
+            RETURNING x.token, x.attempts, x.expires_at, x.created_at, (idempotency.cached_state()).gen
+                 INTO idem_claim.token, idem_claim.attempts, idem_claim.expires_at, written_at, planned;
+            conflicted := NOT FOUND;   -- the key is in the write partition: claim_one reads it
+            -- One state throughout: each guard and statement folded cached_state() when it was planned, and a
+            -- statement is planned again at its first lock after the state was replaced (a maintenance round
+            -- that writes a key filter replaces it without moving sealed_upto: edition_filter_race.spec). A
+            -- session never goes back to a state it replaced, and each state has its own generation, so the
+            -- write's generation equal to the one read before everything else means every read between saw
+            -- that state, ver's included. Then sealed_upto must still match it (a seal under way).
+            IF planned OPERATOR(pg_catalog.=) gen0
                AND coalesce(pg_catalog.pg_sequence_last_value('idempotency.sealed_upto'::pg_catalog.regclass), 0)
                    OPERATOR(pg_catalog.=) ver THEN
                 outcome := 'claimed';
                 RETURN NEXT;
                 RETURN;
             END IF;
-            conflicted := planned IS NULL;   -- the key is in the write partition: claim_one reads it
             IF conflicted THEN
                 -- Settled there (a message delivered again): answered from its row, as claim_one answers it. A
                 -- pending one (a lease, this transaction's own claim) goes the long way.

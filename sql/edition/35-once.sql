@@ -49,11 +49,8 @@ $$;
 CREATE FUNCTION idem_once(key text, scope text DEFAULT 'default') RETURNS boolean
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
+    gen0 bigint := (idempotency.cached_state()).gen;   -- read first: see idem_claim
     ver bigint := idempotency.fast_version(true, false, false, idempotency.cached_state());
-    st0 idempotency.call_state := idempotency.cached_state();   -- what the guards below read
-    seen_f boolean;                                              -- what the write planned with
-    seen_u timestamptz;
-    seen_p boolean;
     planned bigint;
     written_at timestamptz;
     st idempotency.call_state;
@@ -93,13 +90,10 @@ BEGIN
                     idempotency.created_at((idempotency.cached_state()).w_from, (idempotency.cached_state()).w_to),
                     pg_catalog.now())
             ON CONFLICT DO NOTHING
-            RETURNING x.created_at, (idempotency.cached_state()).upto,
-                      (idempotency.cached_state()).filtered, (idempotency.cached_state()).unfiltered_from, (idempotency.cached_state()).probe_ahead
-                 INTO written_at, planned, seen_f, seen_u, seen_p;
-            IF planned IS NULL THEN
+            RETURNING x.created_at, (idempotency.cached_state()).gen INTO written_at, planned;
+            IF NOT FOUND THEN
                 RETURN false;   -- the key was there
-            ELSIF planned OPERATOR(pg_catalog.=) ver AND seen_f IS NOT DISTINCT FROM st0.filtered   -- (as idem_claim's)
-                  AND seen_u IS NOT DISTINCT FROM st0.unfiltered_from AND seen_p IS NOT DISTINCT FROM st0.probe_ahead
+            ELSIF planned OPERATOR(pg_catalog.=) gen0   -- (as idem_claim's)
                   AND coalesce(pg_catalog.pg_sequence_last_value('idempotency.sealed_upto'::pg_catalog.regclass), 0)
                       OPERATOR(pg_catalog.=) ver THEN
                 RETURN true;
