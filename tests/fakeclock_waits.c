@@ -91,6 +91,7 @@ static char faketime_env[sizeof("FAKETIME=") + SETTING_MAX] = "FAKETIME=+0";
 static char clock_file[4096];
 extern char **environ;
 static int (*next_clock_gettime)(clockid_t, struct timespec *);
+static int (*libc_clock_gettime)(clockid_t, struct timespec *);
 static int (*next_gettimeofday)(struct timeval *, void *);
 static time_t (*next_time)(time_t *);
 
@@ -104,6 +105,7 @@ fakeclock_init(void)
 	next_clock_gettime = (int (*)(clockid_t, struct timespec *)) dlsym(RTLD_NEXT, "clock_gettime");
 	next_gettimeofday = (int (*)(struct timeval *, void *)) dlsym(RTLD_NEXT, "gettimeofday");
 	next_time = (time_t (*)(time_t *)) dlsym(RTLD_NEXT, "time");
+	libc_clock_gettime = (int (*)(clockid_t, struct timespec *)) glibc("clock_gettime");
 	if (file != NULL && file[0] != '\0' && strlen(file) < sizeof(clock_file) && getenv("FAKETIME") != NULL)
 		memcpy(clock_file, file, strlen(file) + 1);
 }
@@ -149,8 +151,11 @@ clock_gettime(clockid_t c, struct timespec *tp)
 	sigset_t old;
 	int r;
 
+	/* The other clocks are not faked (FAKETIME_DONT_FAKE_MONOTONIC): read from glibc, not through libfaketime,
+	 * which marks the thread "do not fake" around its own real read, so that a SIGALRM arriving then made
+	 * the handler read the real wall clock. */
 	if (c != CLOCK_REALTIME && c != CLOCK_REALTIME_COARSE)
-		return next_clock_gettime(c, tp);
+		return (libc_clock_gettime != NULL ? libc_clock_gettime : next_clock_gettime)(c, tp);
 	wall_clock_setting(&old);
 	r = next_clock_gettime(c, tp);
 	sigprocmask(SIG_SETMASK, &old, NULL);
@@ -251,6 +256,8 @@ sigaction(int signo, const struct sigaction *act, struct sigaction *old)
 		wrapped.sa_sigaction = counted;
 		handlers[signo] = *act;
 		r = real(signo, &wrapped, &prev);
+		if (r != 0)
+			handlers[signo] = saved;
 	}
 	/* The caller sees its own handler as the previous one, not counted(). */
 	if (r == 0 && old != NULL)

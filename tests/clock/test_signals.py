@@ -37,8 +37,10 @@ def test_the_timeout_handler_reads_the_clock_without_allocating(server, report):
         t.start()
         with c.connect() as watch:
             def waiting():
-                return watch.execute("SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s",
-                                     (pid,)).fetchone() == (True,)
+                # (Its lock request not granted: each SIGALRM wakes the waiter, which clears its wait event
+                # between two waits, but its request stays in pg_locks until it is granted.)
+                return watch.execute("SELECT NOT granted FROM pg_locks WHERE pid = %s AND locktype = 'relation'"
+                                     " AND relation = 'signal_case'::regclass", (pid,)).fetchone() == (True,)
             deadline = time.monotonic() + 30
             while not waiting():
                 assert time.monotonic() < deadline and t.is_alive(), f"the waiter never waited: {outcome}"
