@@ -196,6 +196,19 @@ BEGIN
     st.stale_seal := pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed'
         AND st.upto OPERATOR(pg_catalog.>) coalesce((SELECT (EXTRACT(epoch FROM pg_catalog.max(x.range_to)) OPERATOR(pg_catalog.*) 1000000)::bigint
                                                      FROM idempotency.sealed x), 0);
+    -- A key filter written after the snapshot (REPEATABLE READ, SERIALIZABLE): the state counts its partition
+    -- as filtered, and the batches' common write would look for a key there only in the filter, whose rows the
+    -- snapshot does not see. Not this state's generation, then: the batches take their keys one by one
+    -- (claim_one and once_one read the partitions themselves). (0.9.4; before, such a batch answered a key
+    -- held by that partition as new.)
+    IF st.filtered AND pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed'
+       AND EXISTS (SELECT FROM idempotency.partition_ranges p
+                    WHERE p.range_from OPERATOR(pg_catalog.<) coalesce(st.unfiltered_from, st.w_from)
+                      AND NOT EXISTS (SELECT FROM idempotency.sealed x
+                                       WHERE x.partition OPERATOR(pg_catalog.=) p.partition
+                                         AND x.filtered_keys IS NOT NULL)) THEN
+        st.gen := NULL;
+    END IF;
     IF pg_catalog.num_nonnulls(pg_catalog.current_setting('idempotency.lease_ttl', true),
                                pg_catalog.current_setting('idempotency.max_lease_ttl', true),
                                pg_catalog.current_setting('idempotency.max_attempts', true),

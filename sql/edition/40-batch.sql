@@ -129,7 +129,9 @@ BEGIN
     -- (idempotency.cached_state, folded into the statement's plan) are current; the write says the version
     -- it planned with, checked against sealed_upto after it (as idem_claim's). Otherwise, or when a seal
     -- moved past the write partition meanwhile (the rows deleted), every key goes the long way below.
-    IF st.upto OPERATOR(pg_catalog.=) (idempotency.cached_state()).upto THEN
+    -- (st's generation, as in idem_once_batch: NULL when it came from the tables, or when the snapshot does
+    -- not see a filter the state counts on.)
+    IF st.gen OPERATOR(pg_catalog.=) (idempotency.cached_state()).gen THEN
         WITH fresh AS (
             -- (Each key's hash computed once, in a subquery that OFFSET 0 keeps apart: inlined into the filters'
             -- lookup, it was computed again for the index condition and for every row of the key's bucket.)
@@ -265,7 +267,8 @@ BEGIN
     -- (or when a seal moved past the write partition meanwhile) key by key the long way (idempotency.once_one).
     -- A key whose print matched in the key filters of the sealed partitions is not written here: it goes
     -- the long way, after the others.
-    -- (st's generation: the state the guards read, or NULL when it came from the tables.)
+    -- (st's generation: the state the guards read, or NULL when it came from the tables, or when the snapshot
+    -- does not see a filter the state counts on: idempotency.call_state.)
     IF st.gen OPERATOR(pg_catalog.=) (idempotency.cached_state()).gen THEN
         -- (Apart from the write, and only where a filter exists: a list of the keys that both statements read
         -- would be materialized, which cost every batch 3,500 instructions a key.)
@@ -309,8 +312,12 @@ BEGIN
                AND coalesce(pg_catalog.pg_sequence_last_value('idempotency.sealed_upto'::pg_catalog.regclass), 0) OPERATOR(pg_catalog.=) st.upto) THEN
             slow := false;
         ELSE
+            -- (A seal since st: under REPEATABLE READ and SERIALIZABLE, the snapshot may miss its rows. Another
+            -- change of the state: the keys go one by one.)
             PERFORM idempotency.seal_conflict('(batch)', idem_once_batch.scope)
-              WHERE pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed';
+              WHERE pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed'
+                AND coalesce(pg_catalog.pg_sequence_last_value('idempotency.sealed_upto'::pg_catalog.regclass), 0)
+                    OPERATOR(pg_catalog.<>) st.upto;
             -- (The rows just written, by key in the range written, as in idem_claim_batch.)
             DELETE FROM idempotency.records x
              WHERE x.created_at OPERATOR(pg_catalog.>=) w_from AND x.created_at OPERATOR(pg_catalog.<) w_to
