@@ -103,7 +103,7 @@ DECLARE
     answers idempotency.claim_answer[];
     w_from timestamptz;
     w_to timestamptz;
-    iver bigint;
+    wgen bigint;
 BEGIN
     -- The common case, as idem_once_batch's, and a ttl within the limits.
     IF ver OPERATOR(pg_catalog.>=) 0
@@ -126,8 +126,8 @@ BEGIN
         END IF;
     END IF;
     -- The keys no other partition holds, written at once, in key order, when the state's constants
-    -- (idempotency.cached_state, folded into the statement's plan) are current; the write says the version
-    -- it planned with, checked against sealed_upto after it (as idem_claim's). Otherwise, or when a seal
+    -- (idempotency.cached_state, folded into the statement's plan) are st's (its generation); the write says
+    -- the generation it planned with, and sealed_upto is checked after it (as idem_claim's). Otherwise, or when a seal
     -- moved past the write partition meanwhile (the rows deleted), every key goes the long way below.
     -- (st's generation, as in idem_once_batch: NULL when it came from the tables, or when the snapshot does
     -- not see a filter the state counts on.)
@@ -153,17 +153,26 @@ BEGIN
             SELECT idem_claim_batch.scope, f.k, 'pending', pg_catalog.nextval('idempotency.token_seq'), 1,
                    idempotency.created_at((idempotency.cached_state()).w_from, (idempotency.cached_state()).w_to),
                    pg_catalog.clock_timestamp(), pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) t
-              FROM fresh f ORDER BY f.k
+              FROM fresh f
+             -- (Written only with st's state: the statement is planned again at its first lock if the state
+             -- was replaced since the test above, and may then hold another one, a filter the snapshot does
+             -- not see, or one written under REPEATABLE READ, without a write partition.)
+             WHERE (idempotency.cached_state()).gen OPERATOR(pg_catalog.=) st.gen
+             ORDER BY f.k
             ON CONFLICT DO NOTHING
             RETURNING x.key, x.token, x.attempts, x.expires_at)
         SELECT pg_catalog.array_agg(ROW(wr.key, 'claimed', wr.token, wr.attempts, NULL, wr.expires_at)::idempotency.claim_answer),
-               (idempotency.cached_state()).w_from, (idempotency.cached_state()).w_to, (idempotency.cached_state()).upto
-          INTO answers, w_from, w_to, iver FROM written wr;
-        IF answers IS NOT NULL
-           AND (iver OPERATOR(pg_catalog.<>) st.upto
-                OR coalesce(pg_catalog.pg_sequence_last_value('idempotency.sealed_upto'::pg_catalog.regclass), 0) OPERATOR(pg_catalog.<>) iver) THEN
+               (idempotency.cached_state()).w_from, (idempotency.cached_state()).w_to, (idempotency.cached_state()).gen
+          INTO answers, w_from, w_to, wgen FROM written wr;
+        IF wgen IS DISTINCT FROM st.gen
+           OR (answers IS NOT NULL
+               AND coalesce(pg_catalog.pg_sequence_last_value('idempotency.sealed_upto'::pg_catalog.regclass), 0) OPERATOR(pg_catalog.<>) st.upto) THEN
+            -- (A seal since st: under REPEATABLE READ and SERIALIZABLE the snapshot may miss its rows. Another
+            -- change of the state: nothing was written, and the keys go one by one.)
             PERFORM idempotency.seal_conflict('(batch)', idem_claim_batch.scope)
-              WHERE pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed';
+              WHERE pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed'
+                AND coalesce(pg_catalog.pg_sequence_last_value('idempotency.sealed_upto'::pg_catalog.regclass), 0)
+                    OPERATOR(pg_catalog.<>) st.upto;
             -- (The rows just written, found by key in the range of the partition written (the constants the
             -- write planned with; a row trigger may have moved a row's created_at, but not out of its partition)
             -- and as written by this transaction: each key's one such row. Not by key alone: while a seal is
@@ -171,7 +180,8 @@ BEGIN
             -- next partition. Their addresses are not collected for this rare case: that cost every batch 1,600
             -- instructions a key.)
             DELETE FROM idempotency.records x
-             WHERE x.created_at OPERATOR(pg_catalog.>=) w_from AND x.created_at OPERATOR(pg_catalog.<) w_to
+             WHERE answers IS NOT NULL
+               AND x.created_at OPERATOR(pg_catalog.>=) w_from AND x.created_at OPERATOR(pg_catalog.<) w_to
                AND x.key OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT a.key FROM pg_catalog.unnest(answers) a))
                AND x.scope OPERATOR(pg_catalog.=) idem_claim_batch.scope AND idempotency.written_here(x.xmin);
             answers := NULL;
@@ -290,8 +300,10 @@ BEGIN
                    pg_catalog.now()
               -- (DISTINCT by the sort that orders the write: hashing the keys, then sorting them, cost more)
               FROM (SELECT DISTINCT u.k FROM pg_catalog.unnest(idem_once_batch.keys) AS u(k) ORDER BY u.k) d
-             -- (a hashed subplan, built once: linear in the batch; not run without maybes)
-             WHERE (maybes IS NULL OR d.k NOT IN (SELECT m.k FROM pg_catalog.unnest(maybes) AS m(k)))
+             -- (Written only with st's state, as in idem_claim_batch. maybes: a hashed subplan, built once:
+             -- linear in the batch; not run without maybes.)
+             WHERE (idempotency.cached_state()).gen OPERATOR(pg_catalog.=) st.gen
+               AND (maybes IS NULL OR d.k NOT IN (SELECT m.k FROM pg_catalog.unnest(maybes) AS m(k)))
                AND (NOT ((idempotency.cached_state()).unfiltered_from IS NOT NULL OR (idempotency.cached_state()).probe_ahead)
                     OR NOT EXISTS (SELECT FROM idempotency.records o
                                     WHERE o.key OPERATOR(pg_catalog.=) d.k AND o.scope OPERATOR(pg_catalog.=) idem_once_batch.scope
@@ -307,9 +319,9 @@ BEGIN
           INTO fresh, w_from, w_to, wgen FROM written wr;
         -- (One state from st to the write, as in idem_claim: the filters' statement and the write may have
         -- been planned again after the state was replaced: edition_filter_race.spec.)
-        IF fresh IS NULL
-           OR (wgen OPERATOR(pg_catalog.=) st.gen
-               AND coalesce(pg_catalog.pg_sequence_last_value('idempotency.sealed_upto'::pg_catalog.regclass), 0) OPERATOR(pg_catalog.=) st.upto) THEN
+        IF wgen OPERATOR(pg_catalog.=) st.gen
+           AND (fresh IS NULL
+                OR coalesce(pg_catalog.pg_sequence_last_value('idempotency.sealed_upto'::pg_catalog.regclass), 0) OPERATOR(pg_catalog.=) st.upto) THEN
             slow := false;
         ELSE
             -- (A seal since st: under REPEATABLE READ and SERIALIZABLE, the snapshot may miss its rows. Another
@@ -318,9 +330,10 @@ BEGIN
               WHERE pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed'
                 AND coalesce(pg_catalog.pg_sequence_last_value('idempotency.sealed_upto'::pg_catalog.regclass), 0)
                     OPERATOR(pg_catalog.<>) st.upto;
-            -- (The rows just written, by key in the range written, as in idem_claim_batch.)
+            -- (The rows just written, by key in the range written, as in idem_claim_batch; none when the
+            -- generations differ.)
             DELETE FROM idempotency.records x
-             WHERE x.created_at OPERATOR(pg_catalog.>=) w_from AND x.created_at OPERATOR(pg_catalog.<) w_to
+             WHERE fresh IS NOT NULL AND x.created_at OPERATOR(pg_catalog.>=) w_from AND x.created_at OPERATOR(pg_catalog.<) w_to
                AND x.key OPERATOR(pg_catalog.=) ANY (fresh) AND x.scope OPERATOR(pg_catalog.=) idem_once_batch.scope
                AND idempotency.written_here(x.xmin);
             fresh := NULL;
