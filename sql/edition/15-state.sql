@@ -201,18 +201,12 @@ BEGIN
     -- snapshot does not see. Not this state's generation, then: the batches take their keys one by one
     -- (claim_one and once_one read the partitions themselves). (0.9.4; before, such a batch answered a key
     -- held by that partition as new.)
-    -- (And a snapshot older than the merged filter, the rows of partition 0 that the calls read since 0.9.5:
-    -- one taken before the upgrade that wrote them. Where the filtered partitions hold no key at all there is
-    -- no merged row either, and the batches take their keys one by one, as they may.)
     IF st.filtered AND pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed'
-       AND (EXISTS (SELECT FROM idempotency.partition_ranges p
-                     WHERE p.range_from OPERATOR(pg_catalog.<) coalesce(st.unfiltered_from, st.w_from)
-                       AND NOT EXISTS (SELECT FROM idempotency.sealed x
-                                        WHERE x.partition OPERATOR(pg_catalog.=) p.partition
-                                          AND x.filtered_keys IS NOT NULL))
-            -- (The first entry of the filter's index: a bucket that has rows has a merged one, which comes first.)
-            OR (SELECT f.partition FROM idempotency.sealed_keys f ORDER BY f.bucket, f.partition LIMIT 1)
-               IS DISTINCT FROM 0::pg_catalog.oid::pg_catalog.regclass) THEN
+       AND EXISTS (SELECT FROM idempotency.partition_ranges p
+                    WHERE p.range_from OPERATOR(pg_catalog.<) coalesce(st.unfiltered_from, st.w_from)
+                      AND NOT EXISTS (SELECT FROM idempotency.sealed x
+                                       WHERE x.partition OPERATOR(pg_catalog.=) p.partition
+                                         AND x.filtered_keys IS NOT NULL)) THEN
         st.gen := NULL;
     END IF;
     IF pg_catalog.num_nonnulls(pg_catalog.current_setting('idempotency.lease_ttl', true),

@@ -19,47 +19,15 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT idempotency.key_hash('idempotency', 'sealed_keys') OPERATOR(pg_catalog.=) 7267811164439816630
 $$;
 
--- Whether a filtered sealed partition may hold a key of hash h: a row when a print of its bucket matches in the
--- merged filter (idempotency.merge_sealed_keys: one row per bucket for all the filtered partitions, partition
--- 0), none when the key is in none of them. Where the snapshot sees no merged row although there are
--- partitions' filters (the first entry of the index is not a merged row: a snapshot taken before the upgrade
--- to 0.9.5 wrote them, or a restore of an older version's rows), the partitions' rows are read instead, as
--- before 0.9.5. A set-returning SQL function, so that the planner inlines it into the calls' statements
--- (EXISTS (SELECT FROM idempotency.sealed_key_matches(h))), which a scalar one holding a subquery it would
--- not. (Before 0.9.5 it read the bucket's row of each partition: 7 rows a key at a week, 22,600
--- instructions, against one row.)
+-- The filtered sealed partitions that may hold a key of hash h (a print of its bucket matches): none when
+-- the key is in none of them. A set-returning SQL function, so that the planner inlines it into the calls'
+-- statements (EXISTS (SELECT FROM idempotency.sealed_key_matches(h))), which a scalar one holding a
+-- subquery it would not.
 CREATE FUNCTION idempotency.sealed_key_matches(h bigint) RETURNS SETOF regclass
 LANGUAGE sql STABLE PARALLEL SAFE AS $$
     SELECT f.partition FROM idempotency.sealed_keys f
      WHERE f.bucket OPERATOR(pg_catalog.=) (h OPERATOR(pg_catalog.>>) 48)
-       AND f.partition OPERATOR(pg_catalog.=) 0::pg_catalog.oid::pg_catalog.regclass
        AND (h OPERATOR(pg_catalog.&) 2147483647) OPERATOR(pg_catalog.=) ANY (f.prints)
-    UNION ALL
-    SELECT f.partition FROM idempotency.sealed_keys f
-     WHERE (SELECT g.partition FROM idempotency.sealed_keys g ORDER BY g.bucket, g.partition LIMIT 1)
-           OPERATOR(pg_catalog.<>) 0::pg_catalog.oid::pg_catalog.regclass
-       AND f.bucket OPERATOR(pg_catalog.=) (h OPERATOR(pg_catalog.>>) 48)
-       AND (h OPERATOR(pg_catalog.&) 2147483647) OPERATOR(pg_catalog.=) ANY (f.prints)
-$$;
-
--- Writes the merged filter again from the partitions' filters: for each bucket, the prints of every filtered
--- sealed partition, at most per_row of them in a row, as partition 0 (no relation). Called by filter_sealed
--- and forget_sealed_keys, in the transaction that changes the set of filters, so that whoever sees a
--- partition's filter (idempotency.sealed.filtered_keys, the cached state) sees it in the merged one too
--- (about 3 s for 4,000,000 keys). One writer at a time, each statement after the lock with a snapshot of its
--- own (PL/pgSQL: a second writer reads the first one's rows, and replaces them).
-CREATE FUNCTION idempotency.merge_sealed_keys(per_row integer DEFAULT 256) RETURNS void
-LANGUAGE plpgsql AS $$
-BEGIN
-    PERFORM pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('idempotency.merge_sealed_keys')::bigint);
-    DELETE FROM idempotency.sealed_keys f WHERE f.partition OPERATOR(pg_catalog.=) 0::pg_catalog.oid::pg_catalog.regclass;
-    INSERT INTO idempotency.sealed_keys (bucket, partition, chunk, prints)
-    SELECT x.b, 0::pg_catalog.oid::pg_catalog.regclass, (x.n OPERATOR(pg_catalog./) per_row)::integer, pg_catalog.array_agg(x.p)
-      FROM (SELECT f.bucket AS b, u.p, pg_catalog.row_number() OVER (PARTITION BY f.bucket) OPERATOR(pg_catalog.-) 1 AS n
-              FROM idempotency.sealed_keys f, pg_catalog.unnest(f.prints) AS u(p)
-             WHERE f.partition OPERATOR(pg_catalog.<>) 0::pg_catalog.oid::pg_catalog.regclass) x
-     GROUP BY x.b, x.n OPERATOR(pg_catalog./) per_row;
-END
 $$;
 
 -- Writes the filter of a sealed partition: the prints of all its keys, by bucket, at most per_row of them
@@ -96,19 +64,12 @@ BEGIN
          SELECT coalesce(pg_catalog.sum(w.c), 0)::bigint FROM written w', part)
       INTO n USING part, per_row;
     UPDATE idempotency.sealed x SET filtered_keys = n WHERE x.partition OPERATOR(pg_catalog.=) part;
-    PERFORM idempotency.merge_sealed_keys(per_row);
     RETURN n;
 END
 $$;
 
--- Forgets the filters of partitions that are no longer sealed partitions of the record table (and their
--- prints in the merged filter, when there were any).
+-- Forgets the filters of partitions that are no longer sealed partitions of the record table.
 CREATE FUNCTION idempotency.forget_sealed_keys(parts regclass[]) RETURNS void
-LANGUAGE plpgsql AS $$
-BEGIN
-    DELETE FROM idempotency.sealed_keys f WHERE f.partition OPERATOR(pg_catalog.=) ANY (parts);
-    IF FOUND THEN
-        PERFORM idempotency.merge_sealed_keys();
-    END IF;
-END
+LANGUAGE sql AS $$
+    DELETE FROM idempotency.sealed_keys f WHERE f.partition OPERATOR(pg_catalog.=) ANY (parts)
 $$;

@@ -58,15 +58,6 @@ def _answers(conn, keys):
     return new
 
 
-def _merged_differs(conn):
-    """(prints of the partitions' filters missing from the merged filter, prints of the merged filter in none
-    of them), each bucket's counted with repeats."""
-    parts = "SELECT bucket, unnest(prints) FROM idempotency.sealed_keys WHERE partition <> 0"
-    merged = "SELECT bucket, unnest(prints) FROM idempotency.sealed_keys WHERE partition = 0"
-    return conn.execute(f"SELECT (SELECT count(*) FROM ({parts} EXCEPT ALL {merged}) a),"
-                        f" (SELECT count(*) FROM ({merged} EXCEPT ALL {parts}) b)").fetchone()
-
-
 def _check(conn, stage):
     old = [f"k{g}" for g in range(DAYS * PER_DAY)]
     for batch in range(0, len(old), 600):
@@ -99,7 +90,6 @@ def test_sealed_keys_are_found_before_and_after_their_filters(cluster, db):
             st = conn.execute("SELECT (s).filtered, (s).unfiltered_from, (s).probe_before FROM "
                               "(SELECT idempotency.cached_state() AS s) x").fetchone()
             assert st == (True, None, True), f"the calls' state after the filters: {st}"
-            assert _merged_differs(conn) == (0, 0), "the merged filter holds the partitions' prints"
         _check(conn, "filtered")
 
 
@@ -117,12 +107,9 @@ def test_a_bucket_past_a_rows_prints_takes_more_rows(cluster, db):
         written = conn.execute("SELECT idempotency.filter_sealed(partition, 1) FROM idempotency.sealed").fetchall()
         assert written == [(PER_DAY,)] * DAYS, written
         rows, widest, chunks = conn.execute(
-            "SELECT count(*), max(cardinality(prints)), max(chunk) FROM idempotency.sealed_keys WHERE partition <> 0").fetchone()
+            "SELECT count(*), max(cardinality(prints)), max(chunk) FROM idempotency.sealed_keys").fetchone()
         assert (rows, widest) == (DAYS * PER_DAY, 1), (rows, widest)
         assert chunks >= 1, "no bucket of a partition spread over rows: the test does not test that"
-        # The merged filter (partition 0), which the calls read, takes as many rows.
-        merged = conn.execute("SELECT count(*), max(cardinality(prints)) FROM idempotency.sealed_keys WHERE partition = 0").fetchone()
-        assert merged == (DAYS * PER_DAY, 1), merged
         _check(conn, "one print a row")
         conn.execute("VACUUM (ANALYZE) idempotency.sealed_keys")
         plan = "\n".join(r[0] for r in conn.execute(
@@ -144,49 +131,8 @@ def test_a_dropped_partition_takes_its_filter_along(cluster, db):
         conn.execute("UPDATE idempotency.settings SET retention = '36 hours'")
         conn.execute("SELECT FROM idem_maintenance(%s)", (as_of,))
         assert conn.execute("SELECT to_regclass(%s) IS NULL", (oldest,)).fetchone()[0], "the oldest partition is dropped"
-        left = conn.execute("SELECT count(*) FROM idempotency.sealed_keys f WHERE f.partition <> 0 AND NOT EXISTS"
+        left = conn.execute("SELECT count(*) FROM idempotency.sealed_keys f WHERE NOT EXISTS"
                             " (SELECT FROM idempotency.sealed s WHERE s.partition = f.partition)").fetchone()[0]
         assert left == 0, f"{left} filter rows of a dropped partition are left"
-        # The merged filter holds the prints of the partitions left, no more and no fewer.
-        assert _merged_differs(conn) == (0, 0)
         st = conn.execute("SELECT (s).filtered, (s).unfiltered_from FROM (SELECT idempotency.cached_state() AS s) x").fetchone()
         assert st == (True, None), st
-
-
-@pytest.mark.skipif(not pgtools.sql_edition(), reason="the SQL edition's filter table")
-def test_a_snapshot_older_than_the_merged_filter_reads_the_partitions(cluster, db):
-    """The calls read the merged filter (0.9.5). A REPEATABLE READ transaction whose snapshot was taken before
-    the merged rows were written (by the upgrade to 0.9.5, while it ran) sees the partitions' filters in the
-    state but not those rows: its batches must look for their keys in the partitions, not answer them new.
-    Here the merged rows are deleted, a snapshot taken, and the rows written again, as the upgrade does."""
-    with cluster.connect(dbname=db) as conn, cluster.connect(dbname=db) as rr:
-        assert conn.execute("SELECT count(filtered_keys) FROM idempotency.sealed").fetchone()[0] > 0
-        keys = [r[0] for r in conn.execute(
-            "SELECT r.key FROM idempotency.records r JOIN idempotency.sealed s ON s.partition = r.tableoid"
-            " WHERE s.filtered_keys IS NOT NULL ORDER BY r.key LIMIT 200").fetchall()]
-        assert len(keys) == 200
-        for call in ("SELECT idem_once_batch(%s)", "SELECT key FROM idem_claim_batch(%s) WHERE outcome = 'claimed'"):
-            conn.execute("DELETE FROM idempotency.sealed_keys WHERE partition = 0")
-            rr.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
-            rr.execute("SELECT 1").fetchone()   # the snapshot: no merged row
-            conn.execute("SELECT idempotency.merge_sealed_keys()")
-            new = [r[0] for r in rr.execute(call, (keys,)).fetchall()]
-            rr.execute("ROLLBACK")
-            assert new == [], f"{call}: {len(new)} sealed keys answered new, e.g. {new[:3]}"
-        assert _merged_differs(conn) == (0, 0)
-
-
-@pytest.mark.skipif(not pgtools.sql_edition(), reason="the SQL edition's filter table")
-def test_without_merged_rows_the_partitions_filters_answer(cluster, db):
-    """Partitions' filters without the merged rows (a data-only restore of an older version's rows, rows deleted
-    by hand): every call, under READ COMMITTED too, reads the partitions' filters instead, and finds the keys."""
-    with cluster.connect(dbname=db) as conn:
-        conn.execute("DELETE FROM idempotency.sealed_keys WHERE partition = 0")
-        assert conn.execute("SELECT count(*) FROM idempotency.sealed_keys").fetchone()[0] > 0
-        keys = [r[0] for r in conn.execute(
-            "SELECT r.key FROM idempotency.records r JOIN idempotency.sealed s ON s.partition = r.tableoid"
-            " WHERE s.filtered_keys IS NOT NULL ORDER BY r.key LIMIT 300").fetchall()]
-        for how, new in _answers(conn, keys).items():
-            assert new == [], f"{how}: {len(new)} sealed keys answered new without the merged rows, e.g. {new[:3]}"
-        conn.execute("SELECT idempotency.merge_sealed_keys()")
-        assert _merged_differs(conn) == (0, 0)

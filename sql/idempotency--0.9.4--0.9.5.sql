@@ -1,5 +1,0 @@
--- 0.9.4 -> 0.9.5: the native extension's schema and what it stores do not change; there is nothing to do.
--- 0.9.5 is a version of the SQL edition (sql/edition/: the merged key filter of the sealed partitions; its
--- upgrade sql/edition/upgrades/idempotency--0.9.4--0.9.5.sql), and the two editions share one version number,
--- the crate's. ALTER EXTENSION idempotency UPDATE only records the new version, after PostgreSQL was restarted
--- on the 0.9.5 library.
