@@ -26,7 +26,8 @@ CREATE TYPE idempotency.call_state AS (
     w_name            text,          -- the write partition's qualified name (a partition dropped by hand is seen)
     filtered          boolean,       -- a partition before the write partition has its key filter (idempotency.sealed_keys)
     unfiltered_from   timestamptz,   -- the start of the oldest partition before it without one (read by index), or NULL
-    gen               bigint         -- the cached state's generation: the transaction that wrote it (NULL from live_state)
+    gen               bigint,        -- the cached state's generation: the transaction that wrote it (NULL from live_state)
+    common_path_guc   boolean        -- native_defaults_ok, and the library has idempotency.edition_common_path (0.9.5)
 );
 
 -- The state as the tables say it now (the partitions, the seals, the settings, the grants): the one
@@ -85,6 +86,10 @@ BEGIN
         AND st.lease_ttl OPERATOR(pg_catalog.=) '5 min'::interval AND st.max_batch_keys OPERATOR(pg_catalog.<=) 1000
         AND st.max_attempts OPERATOR(pg_catalog.<=) 5
         AND pg_catalog.pg_settings_get_flags('idempotency.max_key_bytes') OPERATOR(pg_catalog.=) '{}'::text[];
+    -- (A library of 0.9.5 or later also says in one setting whether a session's limits are at its defaults:
+    -- see fast_version.)
+    st.common_path_guc := st.native_defaults_ok
+        AND pg_catalog.pg_settings_get_flags('idempotency.edition_common_path') OPERATOR(pg_catalog.=) '{}'::text[];
     RETURN st;
 END
 $$;
@@ -95,7 +100,7 @@ $$;
 -- idempotency.live_state.
 CREATE FUNCTION idempotency.cached_state() RETURNS idempotency.call_state
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-    SELECT ROW(NULL, NULL, NULL, NULL, NULL, NULL, NULL, -1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::idempotency.call_state
+    SELECT ROW(NULL, NULL, NULL, NULL, NULL, NULL, NULL, -1, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::idempotency.call_state
 $$;
 
 -- Writes idempotency.cached_state from the tables. One writer at a time, reading the tables after the
@@ -111,6 +116,8 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp SET intervalstyle = 'post
 DECLARE
     st idempotency.call_state;
     fields text;
+    tail text;
+    body text;
 BEGIN
     PERFORM pg_catalog.pg_advisory_xact_lock(pg_catalog.hashtext('idempotency.call_cache')::bigint);
     IF pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.=) 'read committed' THEN
@@ -129,15 +136,16 @@ BEGIN
         coalesce(st.w_at_seal::text, 'NULL'), coalesce(st.lease_ttl_ok::text, 'NULL'), coalesce(st.max_payload_bytes_4::text, 'NULL'),
         coalesce(st.native_defaults_ok::text, 'NULL'), st.w_name, coalesce(st.filtered::text, 'NULL'),
         coalesce('pg_catalog.to_timestamp(' OPERATOR(pg_catalog.||) (EXTRACT(epoch FROM st.unfiltered_from))::text OPERATOR(pg_catalog.||) ')', 'NULL'));
-    -- (The body in force is 'SELECT ROW(<fields>, <gen>)::idempotency.call_state'.)
-    IF NOT pg_catalog.starts_with((SELECT pg_catalog.btrim(p.prosrc, E' \n') FROM pg_catalog.pg_proc p
-                                    WHERE p.oid OPERATOR(pg_catalog.=) 'idempotency.cached_state()'::pg_catalog.regprocedure),
-                                   'SELECT ROW(' OPERATOR(pg_catalog.||) fields OPERATOR(pg_catalog.||) ', ') THEN
+    tail := ', ' OPERATOR(pg_catalog.||) coalesce(st.common_path_guc::text, 'NULL') OPERATOR(pg_catalog.||) ')::idempotency.call_state';
+    -- (The body in force is 'SELECT ROW(<fields>, <gen>, <common_path_guc>)::idempotency.call_state'.)
+    body := (SELECT pg_catalog.btrim(p.prosrc, E' \n') FROM pg_catalog.pg_proc p
+              WHERE p.oid OPERATOR(pg_catalog.=) 'idempotency.cached_state()'::pg_catalog.regprocedure);
+    IF NOT (pg_catalog.starts_with(body, 'SELECT ROW(' OPERATOR(pg_catalog.||) fields OPERATOR(pg_catalog.||) ', ')
+            AND pg_catalog.right(body, pg_catalog.length(tail)) OPERATOR(pg_catalog.=) tail) THEN
         EXECUTE pg_catalog.format('CREATE OR REPLACE FUNCTION idempotency.cached_state() RETURNS idempotency.call_state '
                                   'LANGUAGE sql IMMUTABLE PARALLEL SAFE AS %L',
                                   'SELECT ROW(' OPERATOR(pg_catalog.||) fields OPERATOR(pg_catalog.||) ', '
-                                  OPERATOR(pg_catalog.||) pg_catalog.pg_current_xact_id()::text
-                                  OPERATOR(pg_catalog.||) ')::idempotency.call_state');
+                                  OPERATOR(pg_catalog.||) pg_catalog.pg_current_xact_id()::text OPERATOR(pg_catalog.||) tail);
     END IF;
 END
 $$;
@@ -246,10 +254,16 @@ $$;
 -- false: see live_state), none of them may have been set in the session (not even to '', as a limit set and
 -- reset leaves it: a value that ALTER ROLE or ALTER DATABASE gave the session is a floor, and '' must not lift
 -- it; the long way applies it). Where it is loaded, and its defaults are no looser than the settings table,
--- they must show the native extension's defaults (src/gucs.rs), and the library must be loaded in this
+-- they must show the native extension's defaults (src/gucs/mod.rs), and the library must be loaded in this
 -- session too (its setting has no flag; a placeholder's is NO_SHOW_ALL): a placeholder may hold any text, the
 -- library's settings only their canonical text, which only a superuser sets, so that their concatenation
--- reads as the defaults only if they are. st.native_defaults_ok is a constant: each call plans one branch.
+-- reads as the defaults only if they are. A library of 0.9.5 or later (st.common_path_guc) says all of that in
+-- one read-only setting, idempotency.edition_common_path (src/gucs/common_path.rs): 'on' under READ
+-- COMMITTED, read-write, with the limits at its defaults (all of them: a session that set lease_ttl takes
+-- the long way in idem_once too). Nobody can set it (internal), and a placeholder of that name, in a session
+-- without the library, has other flags. (The eleven function calls of the concatenation's test cost a claim
+-- 25,000 instructions; this one's four, a few thousand.) st.native_defaults_ok and st.common_path_guc are
+-- constants: each call plans one branch.
 -- (Before 0.9.4 a first test took the unset case and '', and the library's defaults cost each call a second
 -- test, a tenth of its instructions, comparing a concatenation that a session could match with placeholder
 -- texts such as '512Boff', having the table's limits instead of its role's.) st is
@@ -267,7 +281,10 @@ $$;
 CREATE FUNCTION idempotency.fast_version(writing boolean, lease boolean, payload boolean, st idempotency.call_state)
 RETURNS bigint
 LANGUAGE sql AS $$
-    SELECT CASE WHEN CASE WHEN st.native_defaults_ok
+    SELECT CASE WHEN CASE WHEN st.common_path_guc
+                          THEN pg_catalog.pg_settings_get_flags('idempotency.edition_common_path') OPERATOR(pg_catalog.=) '{}'::text[]
+                               AND pg_catalog.current_setting('idempotency.edition_common_path', true) OPERATOR(pg_catalog.=) 'on'
+                          WHEN st.native_defaults_ok
                           THEN pg_catalog.pg_settings_get_flags('idempotency.max_key_bytes') OPERATOR(pg_catalog.=) '{}'::text[]
                                AND pg_catalog.concat(pg_catalog.current_setting('transaction_isolation'),
                                                      pg_catalog.current_setting('transaction_read_only'),

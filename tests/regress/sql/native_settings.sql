@@ -55,6 +55,38 @@ SHOW idempotency.max_batch_keys;
 SET idempotency.require_scope_grants = on;
 RESET ROLE;
 
+-- idempotency.edition_common_path (0.9.5): read-only, computed when read. on: READ COMMITTED, read-write,
+-- and the limits the SQL edition reads at their defaults; nobody sets it, not even a superuser.
+SELECT name, setting, context, pg_settings_get_flags(name) AS flags FROM pg_settings
+WHERE name = 'idempotency.edition_common_path';
+SET idempotency.edition_common_path = on;
+SET ROLE idem_plain;
+SET idempotency.edition_common_path = on;
+RESET ROLE;
+BEGIN ISOLATION LEVEL REPEATABLE READ;
+SHOW idempotency.edition_common_path;
+COMMIT;
+BEGIN ISOLATION LEVEL SERIALIZABLE;
+SHOW idempotency.edition_common_path;
+COMMIT;
+BEGIN READ ONLY;
+SHOW idempotency.edition_common_path;
+COMMIT;
+BEGIN;
+SET LOCAL idempotency.lease_ttl = '30s';
+SHOW idempotency.edition_common_path;
+COMMIT;
+SET idempotency.require_scope_grants = on;
+SHOW idempotency.edition_common_path;
+RESET idempotency.require_scope_grants;
+SET idempotency.max_batch_keys = 10;
+SHOW idempotency.edition_common_path;
+-- A limit set to its default changes nothing.
+SET idempotency.max_batch_keys = 1000;
+SET idempotency.max_key_bytes = '512B';
+SHOW idempotency.edition_common_path;
+RESET ALL;
+
 -- Without shared_preload_libraries, the statistics say why they are empty.
 \set VERBOSITY terse
 SELECT * FROM idempotency.stats;

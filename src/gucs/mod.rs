@@ -7,6 +7,8 @@ use pgrx::PostgresGucEnum;
 use std::ffi::{CStr, CString};
 use std::time::Duration;
 
+mod common_path;
+
 /// Who creates and drops the partitions of `idempotency.records`.
 #[derive(PostgresGucEnum, Clone, Copy, PartialEq, Eq, Debug)]
 pub enum PartitionManager {
@@ -74,12 +76,19 @@ impl Int {
 
 const DAY_S: i32 = 24 * 60 * 60;
 
+// The defaults of the limits that the SQL edition's calls read (see `common_path`).
+const LEASE_TTL_DEFAULT: i32 = 5 * 60 * 1000;
+const MAX_LEASE_TTL_DEFAULT: i32 = DAY_S;
+const MAX_KEY_BYTES_DEFAULT: i32 = 512;
+const MAX_PAYLOAD_BYTES_DEFAULT: i32 = 1024 * 1024;
+const MAX_BATCH_KEYS_DEFAULT: i32 = 1_000;
+
 static LEASE_TTL: Int = Int {
     name: c"idempotency.lease_ttl",
     short: c"Lease length used when idem_claim or idem_heartbeat get ttl => NULL.",
     long:
         c"A claim in two-transaction mode is owned until its lease ends; then the next claim takes it over.",
-    value: GucSetting::<i32>::new(5 * 60 * 1000),
+    value: GucSetting::<i32>::new(LEASE_TTL_DEFAULT),
     min: 1,
     max: i32::MAX,
     set_by: SetBy::Anyone,
@@ -89,7 +98,7 @@ static MAX_LEASE_TTL: Int = Int {
     name: c"idempotency.max_lease_ttl",
     short: c"Longest lease idem_claim, idem_claim_batch and idem_heartbeat grant.",
     long: c"A longer ttl (or idempotency.lease_ttl) is refused with 22023: a consumer cannot hold a key for years. Superusers only.",
-    value: GucSetting::<i32>::new(24 * 60 * 60),
+    value: GucSetting::<i32>::new(MAX_LEASE_TTL_DEFAULT),
     min: 1,
     max: i32::MAX,
     set_by: SetBy::Superuser,
@@ -109,7 +118,7 @@ static MAX_KEY_BYTES: Int = Int {
     name: c"idempotency.max_key_bytes",
     short: c"Longest accepted key and scope, in bytes.",
     long: c"Longer keys are rejected with SQLSTATE 54000; hash long natural keys on the client.",
-    value: GucSetting::<i32>::new(512),
+    value: GucSetting::<i32>::new(MAX_KEY_BYTES_DEFAULT),
     min: 1,
     max: 1024 * 1024,
     set_by: SetBy::Superuser,
@@ -119,7 +128,7 @@ static MAX_PAYLOAD_BYTES: Int = Int {
     name: c"idempotency.max_payload_bytes",
     short: c"Largest accepted payload or error document, in bytes of stored jsonb.",
     long: c"Larger documents are rejected with SQLSTATE 54000.",
-    value: GucSetting::<i32>::new(1024 * 1024),
+    value: GucSetting::<i32>::new(MAX_PAYLOAD_BYTES_DEFAULT),
     min: 0,
     max: i32::MAX,
     set_by: SetBy::Superuser,
@@ -209,7 +218,7 @@ static MAX_BATCH_KEYS: Int = Int {
     name: c"idempotency.max_batch_keys",
     short: c"Most keys accepted by one idem_*_batch call.",
     long: c"A bound on the arrays one call takes; a batch holds at most idempotency.key_locks_per_transaction key locks whatever its size.",
-    value: GucSetting::<i32>::new(1_000),
+    value: GucSetting::<i32>::new(MAX_BATCH_KEYS_DEFAULT),
     min: 1,
     max: 1_000_000,
     set_by: SetBy::Superuser,
@@ -294,6 +303,7 @@ pub fn init() {
         GucContext::Suset,
         GucFlags::default(),
     );
+    common_path::register();
     GucRegistry::define_string_guc(
         c"idempotency.database",
         c"Comma-separated databases the maintenance worker maintains.",

@@ -1,0 +1,5 @@
+-- 0.9.4 -> 0.9.5: the native extension's schema and what it stores do not change; there is nothing to do.
+-- The 0.9.5 library adds one read-only setting, idempotency.edition_common_path (src/gucs/common_path.rs), which
+-- the SQL edition's 0.9.5 reads (sql/edition/upgrades/idempotency--0.9.4--0.9.5.sql); the two editions share one
+-- version number, the crate's. ALTER EXTENSION idempotency UPDATE only records the new version, after
+-- PostgreSQL was restarted on the 0.9.5 library.
