@@ -258,12 +258,13 @@ $$;
 -- session too (its setting has no flag; a placeholder's is NO_SHOW_ALL): a placeholder may hold any text, the
 -- library's settings only their canonical text, which only a superuser sets, so that their concatenation
 -- reads as the defaults only if they are. A library of 0.9.5 or later (st.common_path_guc) says all of that in
--- one read-only setting, idempotency.edition_common_path (src/gucs/common_path.rs): 'on' under READ
--- COMMITTED, read-write, with the limits at its defaults (all of them: a session that set lease_ttl takes
--- the long way in idem_once too). Nobody can set it (internal), and a placeholder of that name, in a session
--- without the library, has other flags. (The eleven function calls of the concatenation's test cost a claim
--- 25,000 instructions; this one's four, a few thousand.) st.native_defaults_ok and st.common_path_guc are
--- constants: each call plans one branch.
+-- one read-only setting, idempotency.edition_common_path (src/gucs/common_path.rs): under READ COMMITTED,
+-- read-write, with max_key_bytes and require_scope_grants at its defaults, 'keys', followed by ',lease',
+-- ',payload' and ',batch' for each group of limits at its defaults, else 'off'; a call matches the groups it
+-- reads with one LIKE. Nobody can set it (internal), and a placeholder of that name, in a session without the
+-- library, has other flags. (The eleven function calls of the concatenation's test cost a claim 25,000
+-- instructions; this one's four, a few thousand.) st.native_defaults_ok and st.common_path_guc are constants:
+-- each call plans one branch.
 -- (Before 0.9.4 a first test took the unset case and '', and the library's defaults cost each call a second
 -- test, a tenth of its instructions, comparing a concatenation that a session could match with placeholder
 -- texts such as '512Boff', having the table's limits instead of its role's.) st is
@@ -283,7 +284,9 @@ RETURNS bigint
 LANGUAGE sql AS $$
     SELECT CASE WHEN CASE WHEN st.common_path_guc
                           THEN pg_catalog.pg_settings_get_flags('idempotency.edition_common_path') OPERATOR(pg_catalog.=) '{}'::text[]
-                               AND pg_catalog.current_setting('idempotency.edition_common_path', true) OPERATOR(pg_catalog.=) 'on'
+                               AND pg_catalog.current_setting('idempotency.edition_common_path', true) OPERATOR(pg_catalog.~~)
+                                   ('keys' OPERATOR(pg_catalog.||) CASE WHEN lease THEN ',lease' ELSE '' END OPERATOR(pg_catalog.||) '%'
+                                    OPERATOR(pg_catalog.||) CASE WHEN payload THEN 'payload%' ELSE '' END)
                           WHEN st.native_defaults_ok
                           THEN pg_catalog.pg_settings_get_flags('idempotency.max_key_bytes') OPERATOR(pg_catalog.=) '{}'::text[]
                                AND pg_catalog.concat(pg_catalog.current_setting('transaction_isolation'),

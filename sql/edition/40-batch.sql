@@ -64,11 +64,14 @@ $$;
 -- the scope (one pattern over the keys joined and the scope); with NOT EXISTS (SELECT FROM
 -- idempotency.bad_keys(keys, max_key_bytes)) for the rest. Anything else takes the long way, which checks in
 -- the native extension's order. Where the library has idempotency.edition_common_path (st.common_path_guc),
--- the callers' fast_version (ver >= 0, tested before this in the same expression) read it as 'on', which
--- says max_batch_keys has its default too. (SQL without a subquery: inlined into the calls.)
+-- that setting says whether max_batch_keys has its default (read here, in this expression's own plan: the
+-- callers' fast_version was planned apart, possibly with another state). (SQL without a subquery: inlined
+-- into the calls.)
 CREATE FUNCTION idempotency.batch_args_fast(keys text[], scope text, st idempotency.call_state) RETURNS boolean
 LANGUAGE sql STABLE AS $$
-    SELECT CASE WHEN st.common_path_guc THEN true
+    SELECT CASE WHEN st.common_path_guc
+                THEN pg_catalog.pg_settings_get_flags('idempotency.edition_common_path') OPERATOR(pg_catalog.=) '{}'::text[]
+                     AND pg_catalog.current_setting('idempotency.edition_common_path', true) OPERATOR(pg_catalog.~~) '%,batch'
                 WHEN st.native_defaults_ok
                 THEN pg_catalog.pg_settings_get_flags('idempotency.max_batch_keys') OPERATOR(pg_catalog.=) '{}'::text[]
                      AND pg_catalog.current_setting('idempotency.max_batch_keys', true) OPERATOR(pg_catalog.=) '1000'

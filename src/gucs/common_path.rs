@@ -4,9 +4,9 @@
 //! before 0.9.5 each call read them one by one, with the isolation level and the read-only flag:
 //! eleven function calls in every call's first expression, about 25,000 instructions of a claim.
 //!
-//! Its value is computed when it is read (a show hook): `on` when the transaction is READ COMMITTED
-//! and read-write, and the limits the edition's calls read are at their defaults, else `off`. Nobody
-//! sets it (`PGC_INTERNAL`: `SET` and `ALTER ROLE ... SET` are refused). A session without this
+//! Its value is computed when it is read (a show hook, [`show`]): which groups of the limits the
+//! edition's calls read are at their defaults, under READ COMMITTED and read-write, else `off`. Nobody
+//! sets it (`PGC_INTERNAL`: `SET`, `ALTER ROLE ... SET` and `ALTER SYSTEM` are refused; not in files). A session without this
 //! library has at most a placeholder of that name, whose value it may choose, so the edition also
 //! checks that the setting is this one (`pg_settings_get_flags` gives a placeholder's flags, and
 //! `'{}'` for this one).
@@ -19,27 +19,36 @@ const NAME: &CStr = c"idempotency.edition_common_path";
 /// Where PostgreSQL keeps the setting's own value, which the show hook replaces when it is read.
 static mut VALUE: *mut c_char = std::ptr::null_mut();
 
-/// `on` or `off`, as described above. Reads only flags and integers (no allocation, no call into
-/// PostgreSQL): it runs inside `current_setting`, `SHOW` and `pg_settings`.
+/// The value: `off` unless the transaction is READ COMMITTED and read-write and `max_key_bytes` and
+/// `require_scope_grants` (which every call reads) have their defaults; then `keys`, followed by
+/// `,lease`, `,payload` and `,batch` for each of those groups of limits at its defaults (`lease_ttl` and
+/// `max_lease_ttl`; `max_payload_bytes`; `max_batch_keys`), in that order, so that a call tests only what
+/// it reads (`keys,lease%` for a claim, `keys%payload%` for a completion). Reads only flags and
+/// integers (no allocation, no call into PostgreSQL): it runs inside `current_setting`, `SHOW` and
+/// `pg_settings`.
 unsafe extern "C-unwind" fn show() -> *const c_char {
     // SAFETY: PostgreSQL's transaction flags, read on the backend's only thread.
     let (read_committed, read_only) =
         unsafe { (pg_sys::XactIsoLevel == pg_sys::XACT_READ_COMMITTED as i32, pg_sys::XactReadOnly) };
-    if read_committed && !read_only && limits_at_defaults() {
-        c"on".as_ptr()
-    } else {
-        c"off".as_ptr()
+    let keys = super::MAX_KEY_BYTES.value.get() == super::MAX_KEY_BYTES_DEFAULT && !super::REQUIRE_SCOPE_GRANTS.get();
+    if !(read_committed && !read_only && keys) {
+        return c"off".as_ptr();
     }
-}
-
-/// Whether the limits that the SQL edition's key calls and batches read have their defaults.
-fn limits_at_defaults() -> bool {
-    super::LEASE_TTL.value.get() == super::LEASE_TTL_DEFAULT
-        && super::MAX_LEASE_TTL.value.get() == super::MAX_LEASE_TTL_DEFAULT
-        && super::MAX_KEY_BYTES.value.get() == super::MAX_KEY_BYTES_DEFAULT
-        && super::MAX_PAYLOAD_BYTES.value.get() == super::MAX_PAYLOAD_BYTES_DEFAULT
-        && super::MAX_BATCH_KEYS.value.get() == super::MAX_BATCH_KEYS_DEFAULT
-        && !super::REQUIRE_SCOPE_GRANTS.get()
+    let lease = super::LEASE_TTL.value.get() == super::LEASE_TTL_DEFAULT
+        && super::MAX_LEASE_TTL.value.get() == super::MAX_LEASE_TTL_DEFAULT;
+    let payload = super::MAX_PAYLOAD_BYTES.value.get() == super::MAX_PAYLOAD_BYTES_DEFAULT;
+    let batch = super::MAX_BATCH_KEYS.value.get() == super::MAX_BATCH_KEYS_DEFAULT;
+    match (lease, payload, batch) {
+        (true, true, true) => c"keys,lease,payload,batch",
+        (true, true, false) => c"keys,lease,payload",
+        (true, false, true) => c"keys,lease,batch",
+        (true, false, false) => c"keys,lease",
+        (false, true, true) => c"keys,payload,batch",
+        (false, true, false) => c"keys,payload",
+        (false, false, true) => c"keys,batch",
+        (false, false, false) => c"keys",
+    }
+    .as_ptr()
 }
 
 pub(super) fn register() {
@@ -47,12 +56,12 @@ pub(super) fn register() {
     unsafe {
         pg_sys::DefineCustomStringVariable(
             NAME.as_ptr(),
-            c"Whether the SQL edition's calls may take their common path in this transaction (read-only).".as_ptr(),
-            c"on: READ COMMITTED, read-write, and the idempotency.* limits the SQL edition reads at their defaults. Computed when read; nobody sets it.".as_ptr(),
+            c"Which of the SQL edition's calls may take their common path in this transaction (read-only).".as_ptr(),
+            c"off, or keys followed by lease, payload and batch: under READ COMMITTED, read-write, the groups of idempotency.* limits at their defaults. Computed when read; nobody sets it.".as_ptr(),
             addr_of_mut!(VALUE),
             c"off".as_ptr(),
             pg_sys::GucContext::PGC_INTERNAL,
-            0,
+            pg_sys::GUC_DISALLOW_IN_FILE as i32,
             None,
             None,
             Some(show),

@@ -55,8 +55,9 @@ SHOW idempotency.max_batch_keys;
 SET idempotency.require_scope_grants = on;
 RESET ROLE;
 
--- idempotency.edition_common_path (0.9.5): read-only, computed when read. on: READ COMMITTED, read-write,
--- and the limits the SQL edition reads at their defaults; nobody sets it, not even a superuser.
+-- idempotency.edition_common_path (0.9.5): read-only, computed when read: under READ COMMITTED, read-write, with
+-- max_key_bytes and require_scope_grants at their defaults, 'keys' and each group of the other limits the SQL
+-- edition reads that has its defaults (lease, payload, batch), else 'off'; nobody sets it, not even a superuser.
 SELECT name, setting, context, pg_settings_get_flags(name) AS flags FROM pg_settings
 WHERE name = 'idempotency.edition_common_path';
 SET idempotency.edition_common_path = on;
@@ -81,6 +82,12 @@ SHOW idempotency.edition_common_path;
 RESET idempotency.require_scope_grants;
 SET idempotency.max_batch_keys = 10;
 SHOW idempotency.edition_common_path;
+SET idempotency.max_payload_bytes = '2MB';
+SHOW idempotency.edition_common_path;
+SET idempotency.max_key_bytes = 100;
+SHOW idempotency.edition_common_path;
+RESET idempotency.max_key_bytes;
+RESET idempotency.max_payload_bytes;
 -- A limit set to its default changes nothing.
 SET idempotency.max_batch_keys = 1000;
 SET idempotency.max_key_bytes = '512B';
