@@ -245,6 +245,17 @@ LANGUAGE sql AS $$
                 THEN st.upto ELSE -1 END
 $$;
 
+-- Whether the native library's idempotency.edition_common_path (0.9.5) says, in this session, that the groups
+-- of limits that pattern names are at their defaults (a LIKE pattern over its value: 'keys,lease%', '%,batch').
+-- The flags test tells the library's setting from a placeholder of that name, which a session without the
+-- library may set to anything. For fast_version and batch_args_fast (inlined, as they are: the pattern is a
+-- constant of each call).
+CREATE FUNCTION idempotency.common_path_says(pattern text) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT pg_catalog.pg_settings_get_flags('idempotency.edition_common_path') OPERATOR(pg_catalog.=) '{}'::text[]
+       AND pg_catalog.current_setting('idempotency.edition_common_path', true) OPERATOR(pg_catalog.~~) pattern
+$$;
+
 -- Whether a key call may take its common path, which reads the state as the constants of
 -- idempotency.cached_state (folded into each statement's plan, so that a statement reads only the partitions
 -- they name): their version (upto) when the call may, else -1 and the call takes the long way
@@ -283,10 +294,9 @@ CREATE FUNCTION idempotency.fast_version(writing boolean, lease boolean, payload
 RETURNS bigint
 LANGUAGE sql AS $$
     SELECT CASE WHEN CASE WHEN st.common_path_guc
-                          THEN pg_catalog.pg_settings_get_flags('idempotency.edition_common_path') OPERATOR(pg_catalog.=) '{}'::text[]
-                               AND pg_catalog.current_setting('idempotency.edition_common_path', true) OPERATOR(pg_catalog.~~)
-                                   ('keys' OPERATOR(pg_catalog.||) CASE WHEN lease THEN ',lease' ELSE '' END OPERATOR(pg_catalog.||) '%'
-                                    OPERATOR(pg_catalog.||) CASE WHEN payload THEN 'payload%' ELSE '' END)
+                          THEN idempotency.common_path_says('keys' OPERATOR(pg_catalog.||) CASE WHEN lease THEN ',lease' ELSE '' END
+                                                            OPERATOR(pg_catalog.||) '%'
+                                                            OPERATOR(pg_catalog.||) CASE WHEN payload THEN 'payload%' ELSE '' END)
                           WHEN st.native_defaults_ok
                           THEN pg_catalog.pg_settings_get_flags('idempotency.max_key_bytes') OPERATOR(pg_catalog.=) '{}'::text[]
                                AND pg_catalog.concat(pg_catalog.current_setting('transaction_isolation'),

@@ -70,8 +70,7 @@ $$;
 CREATE FUNCTION idempotency.batch_args_fast(keys text[], scope text, st idempotency.call_state) RETURNS boolean
 LANGUAGE sql STABLE AS $$
     SELECT CASE WHEN st.common_path_guc
-                THEN pg_catalog.pg_settings_get_flags('idempotency.edition_common_path') OPERATOR(pg_catalog.=) '{}'::text[]
-                     AND pg_catalog.current_setting('idempotency.edition_common_path', true) OPERATOR(pg_catalog.~~) '%,batch'
+                THEN idempotency.common_path_says('%,batch')
                 WHEN st.native_defaults_ok
                 THEN pg_catalog.pg_settings_get_flags('idempotency.max_batch_keys') OPERATOR(pg_catalog.=) '{}'::text[]
                      AND pg_catalog.current_setting('idempotency.max_batch_keys', true) OPERATOR(pg_catalog.=) '1000'
