@@ -5,7 +5,8 @@ started the throwaway PostgreSQL cluster (and stops it, and any Redis left, on e
 Every figure of the final table comes from this run on this machine; ratios compare rows of the
 same group, durability class, client count and key mix (see benches/README.md).
 """
-# The benchmark is split in three: workloads.py (what each row is and how it is run), runner.py (the
+# The benchmark is split in four: workloads.py (what each row is and how it is run; retained.py for the
+# workloads over retained keys), runner.py (the
 # cluster, pgbench, the Python driver, Redis, the sampling) and report.py (ratios, targets, the tables and
 # the results files). This file is the command line and the order of a run.
 import argparse
@@ -14,6 +15,7 @@ import sys
 import time
 
 import report
+import retained
 import workloads
 from runner import SQL, Bench, log, psql_file, so_sha256
 
@@ -27,13 +29,13 @@ def run(bench):
         workloads.setup_edition(bench)
     workloads.main_matrix(bench)
     if not a.skip_growth:
-        workloads.growth(bench)
+        retained.growth(bench)
     if not a.skip_retention:
-        workloads.retention(bench)
+        retained.retention(bench)
     if not a.skip_growth:
-        workloads.partition_scaling(bench)
+        retained.partition_scaling(bench)
     if not a.skip_production:
-        workloads.production_shape(bench)
+        retained.production_shape(bench)
     report.ratios(bench)
     meta = bench.meta()
     meta["elapsed_s"] = round(time.time() - t0)

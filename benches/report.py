@@ -91,6 +91,12 @@ def targets(bench):
             ratio(f"{prefix}e_w2a", f"{prefix}w1", "on"), lambda v: v >= 0.8, f"throughput {prefix}e_w2a / {prefix}w1, {top} clients")
         add(f"issue 32, {what}: minimal SECURITY DEFINER pair / hand-written pair (the approach's floor)", "(floor)",
             ratio(f"{prefix}m_w5a", f"{prefix}w5a", "on"), lambda v: True, f"throughput {prefix}m_w5a / {prefix}w5a, {top} clients")
+        if not prefix:
+            # The floor on the edition's own storage: its writes alone (and without the lease index).
+            for wid, ref, label in (("f_w3", "w5a", "pair"), ("f2_w3", "w5a", "pair without the lease index"),
+                                    ("f_w2a", "w1", "idem_once's insert")):
+                add(f"issue 32, {what}: the edition's writes alone on its storage, {label} / {ref} (floor)", "(floor)",
+                    ratio(wid, ref, "on"), lambda v: True, f"throughput {wid} / {ref}, {top} clients")
         for n in (100, 1000):
             add(f"issue 32, {what}: SQL edition idem_once_batch({n}) >= 0.8x bare batch insert (pg sync=on)", ">= 0.80",
                 ratio(f"{prefix}e_bo_{n}", f"{prefix}bf_{n}", "on"), lambda v: v >= 0.8, f"keys/s {prefix}e_bo_{n} / {prefix}bf_{n}, {top} clients")
