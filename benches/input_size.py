@@ -12,7 +12,6 @@ import argparse
 import json
 import os
 import re
-import statistics
 import time
 
 import psycopg

@@ -93,9 +93,11 @@ def targets(bench):
             ratio(f"{prefix}m_w5a", f"{prefix}w5a", "on"), lambda v: True, f"throughput {prefix}m_w5a / {prefix}w5a, {top} clients")
         if not prefix:
             # The floor on the edition's own storage: its writes alone (and without the lease index).
-            for wid, ref, label in (("f_w3", "w5a", "pair"), ("f2_w3", "w5a", "pair without the lease index"),
-                                    ("f_w2a", "w1", "idem_once's insert")):
-                add(f"issue 32, {what}: the edition's writes alone on its storage, {label} / {ref} (floor)", "(floor)",
+            for wid, ref, label in (("f_w3", "w5a", "the edition's writes alone on its storage, pair"),
+                                    ("f2_w3", "w5a", "the same pair without the lease index"),
+                                    ("f_w2a", "w1", "the edition's writes alone on its storage, idem_once's insert"),
+                                    ("m_w1", "w1", "the bare insert in a minimal SECURITY DEFINER function")):
+                add(f"issue 32, {what}: {label} / {ref} (floor)", "(floor)",
                     ratio(wid, ref, "on"), lambda v: True, f"throughput {wid} / {ref}, {top} clients")
         for n in (100, 1000):
             add(f"issue 32, {what}: SQL edition idem_once_batch({n}) >= 0.8x bare batch insert (pg sync=on)", ">= 0.80",
@@ -184,7 +186,7 @@ def output(bench, meta, targets):
           f"* date: {meta['date']}",
           f"* machine: {meta['cpu']}, {meta['memory']} RAM, {meta['virtualization'] or 'bare metal'} VM, Linux {meta['kernel']}",
           f"* {meta['postgres']}",
-          f"* PostgreSQL settings: " + ", ".join(f"{k}={v}" for k, v in meta["postgres_settings"].items()),
+          "* PostgreSQL settings: " + ", ".join(f"{k}={v}" for k, v in meta["postgres_settings"].items()),
           f"* extension {meta['extension_version']}, git {meta['git_commit']}" + (" (with uncommitted changes in src/ or sql/)" if meta["git_worktree_dirty"] else "") + f", idempotency.so sha256 {meta['extension_so_sha256'][:16]}",
           f"* {meta['redis']}"]
     if meta.get("edition_version"):

@@ -50,7 +50,7 @@ def load_retained(bench, parts, first, last, spread, admin=None):
 
 def growth(bench):
     a = bench.args
-    if not bench.wanted("g_"):
+    if not any(bench.wanted(w) for w in WORKLOADS if w.startswith("g_")):
         return
     sizes = a.growth_sizes
     log(f"growth: retained keys {sizes} over the current and past partitions")
@@ -102,7 +102,7 @@ def partition_scaling(bench):
     the same ~10k keys, 1 client, synchronous_commit=off (the per-call cost, not the WAL
     flush, is what grows here)."""
     a = bench.args
-    if not bench.wanted("p_"):
+    if not any(bench.wanted(w) for w in WORKLOADS if w.startswith("p_")):
         return
     log(f"partitions: idem_claim with {a.partition_counts} partitions, 1 client")
     jobs = []

@@ -273,7 +273,7 @@ class Bench:
                "calls_per_s": med["tps"], "cpu_busy_before": med["busy"],
                "runs_throughput": [s["tps"] * job.unit_factor for s in job.samples],
                "runs_cpu_busy_before": [s["busy"] for s in job.samples]}
-        for k in ("transactions", "failed", "duplicate_errors", "requests", "keyspace", "rows_after"):
+        for k in ("transactions", "failed", "duplicate_errors", "requests", "keyspace", "rows_after", "updates", "hot_updates"):
             if k in med:
                 row[k] = med[k]
         row.update(job.extra)

@@ -28,6 +28,7 @@ EDITION_OWNER = "bench_edition_owner"
 # id -> (group, label, unit)
 WORKLOADS = {
     "w1": ("dedup", "1 floor: INSERT .. ON CONFLICT DO NOTHING", "tx/s"),
+    "m_w1": ("dedup", "1 the floor's insert in a minimal SECURITY DEFINER PL/pgSQL function", "tx/s"),
     "w2a": ("dedup", "2a idem_once(key)", "tx/s"),
     "e_w2a": ("dedup", "2a SQL edition: idem_once(key)", "tx/s"),
     "f_w2a": ("dedup", "2a the SQL edition's floor on its storage: its insert alone, minimal SECURITY DEFINER", "tx/s"),
@@ -130,7 +131,7 @@ SELECTIONS = {
 }
 # In this order, so that the rows a ratio compares run back to back (noise hits them alike).
 PGBENCH_SCRIPTS = {
-    "w1": "w1_floor.sql", "w2a": "w2a_once.sql", "w5c": "w5c_plain_insert.sql",
+    "w1": "w1_floor.sql", "m_w1": "w1_min_secdef.sql", "w2a": "w2a_once.sql", "w5c": "w5c_plain_insert.sql",
     "w5a_biz": "w5a_pending_update_biz.sql", "w2b": "w2b_once_biz.sql",
     "w5a": "w5a_pending_update.sql", "m_w5a": "w5a_min_secdef.sql", "w5b": "w5b_select_for_update.sql",
     "w3": "w3_claim_complete.sql",
@@ -164,6 +165,15 @@ def reset_tables(admin, script="reset.sql"):
     with open(os.path.join(SQL, script)) as f:
         admin.conn.execute(f.read().replace(":dupkeys", str(DUPKEYS)))
     admin.q("CHECKPOINT")
+
+
+def updates(admin):
+    """(updates, HOT updates) so far of the SQL edition's record partitions and bench_floor_records, as the
+    statistics show them once the writing sessions ended."""
+    admin.q("SELECT pg_stat_clear_snapshot()")
+    return tuple(int(x) for x in admin.conn.execute(
+        """SELECT coalesce(sum(n_tup_upd), 0), coalesce(sum(n_tup_hot_upd), 0) FROM pg_stat_user_tables
+            WHERE schemaname = 'idempotency' AND relname LIKE 'records%' OR relname = 'bench_floor_records'""").fetchone())
 
 
 def edition_wanted(bench):
@@ -201,9 +211,15 @@ def pg_jobs(bench, sync):
 
         def fn():
             reset_tables(admin, reset)
+            before = updates(admin) if edition else None
             r = run_pgbench(script, clients, a.duration, sync, variables, db)
             if count_records:
                 r["rows_after"] = admin.one("SELECT count(*) FROM idempotency.records")
+            if edition:
+                # How many of the run's updates of records were HOT (f2_w3's completion should be; e_w3's and
+                # f_w3's cannot be: the completion takes the row out of the lease index).
+                (upd, hot) = [x - y for x, y in zip(updates(admin), before)]
+                r["updates"], r["hot_updates"] = upd, hot
             return r
         return fn
 

@@ -18,31 +18,36 @@ GRANT SELECT, INSERT ON business_rows TO bench;
 GRANT USAGE ON SEQUENCE business_rows_id_seq TO bench;
 
 -- The edition's floor on its own storage (issue 32): the writes of a claim, a completion and idem_once as
--- the edition makes them, each alone in a minimal SECURITY DEFINER PL/pgSQL function that checks nothing
--- (no argument, limit, setting, grant or state test, no result table): straight into the write partition
--- (named in the function, found here once), every column the contract keeps (scope, token from the
--- edition's sequence, attempts, created_at, updated_at, the lease's expires_at), the completion ending the
--- lease (expires_at NULL), as idem_complete does. What any PL/pgSQL edition on this storage can reach:
--- rows f_w3 and f_w2a (benches/sql/w3_floor_edition.sql, w2a_floor_edition.sql). f2_w3 runs the same pair
--- on a table of the same columns without the lease index (bench_floor_records), where the completion is a
--- HOT update: what a storage without that index could reach.
+-- the edition's common path makes them (sql/edition/30-keys.sql, 33-settle.sql, 35-once.sql), each alone in a
+-- minimal SECURITY DEFINER PL/pgSQL function that checks nothing (no argument, limit, setting, grant or state
+-- test, no result table): straight into the write partition (named in the function, found here once: on a
+-- fresh install, after idem_maintenance(), the partition covering now, which is the oldest unsealed one), with
+-- the columns the edition writes and created_at kept inside the partition's range as idempotency.created_at
+-- keeps it (so a run that crosses midnight still writes there); the claim draws its token from the edition's
+-- sequence and sets the lease's expires_at, the completion ends the lease (expires_at NULL), idem_once's
+-- completed row has neither. What a PL/pgSQL edition that writes the claim as a row, then changes it, can
+-- reach on this storage: rows f_w3 and f_w2a (benches/sql/w3_floor_edition.sql, w2a_floor_edition.sql). f2_w3
+-- runs the same pair on a table of the same columns without the lease index (bench_floor_records, filled and
+-- analyzed as the record table is by reset_edition.sql), where the completion can be a HOT update.
 CREATE TABLE bench_floor_records (LIKE idempotency.records INCLUDING DEFAULTS INCLUDING CONSTRAINTS);
 CREATE UNIQUE INDEX ON bench_floor_records (key, scope);
 
 DO $do$
 DECLARE
-    w text;
+    w record;
     t record;
 BEGIN
-    SELECT pg_catalog.format('idempotency.%I', p.partition_name) INTO STRICT w FROM idempotency.partition_ranges p
+    SELECT pg_catalog.format('idempotency.%I', p.partition_name) AS name, p.range_from, p.range_to INTO STRICT w
+      FROM idempotency.partition_ranges p
      WHERE p.range_from <= pg_catalog.now() AND pg_catalog.now() < p.range_to;
-    FOR t IN SELECT * FROM (VALUES ('', w), ('2', 'public.bench_floor_records')) v(suffix, tab) LOOP
+    FOR t IN SELECT * FROM (VALUES ('', w.name), ('2', 'public.bench_floor_records')) v(suffix, tab) LOOP
         EXECUTE pg_catalog.format($f$
             CREATE FUNCTION bench_floor%1$s_claim(k text) RETURNS boolean
             LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $b$
             BEGIN
                 INSERT INTO %2$s (scope, key, status, token, attempts, created_at, updated_at, expires_at)
-                VALUES ('default', k, 'pending', pg_catalog.nextval('idempotency.token_seq'), 1, pg_catalog.now(),
+                VALUES ('default', k, 'pending', pg_catalog.nextval('idempotency.token_seq'), 1,
+                        LEAST(GREATEST(pg_catalog.now(), %3$L::timestamptz), %4$L::timestamptz OPERATOR(pg_catalog.-) '1 microsecond'::interval),
                         pg_catalog.clock_timestamp(), pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) '5 min'::interval)
                 ON CONFLICT DO NOTHING;
                 RETURN FOUND;
@@ -51,22 +56,23 @@ BEGIN
             CREATE FUNCTION bench_floor%1$s_complete(k text, p jsonb) RETURNS void
             LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $b$
             BEGIN
-                UPDATE %2$s x SET status = 'completed', payload = p, expires_at = NULL,
-                                  updated_at = pg_catalog.clock_timestamp()
+                UPDATE %2$s x SET status = 'completed', payload = p, updated_at = pg_catalog.clock_timestamp(),
+                                  expires_at = NULL
                  WHERE x.key OPERATOR(pg_catalog.=) k AND x.scope OPERATOR(pg_catalog.=) 'default';
             END
             $b$;
             CREATE FUNCTION bench_floor%1$s_once(k text) RETURNS boolean
             LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $b$
             BEGIN
-                INSERT INTO %2$s (scope, key, status, token, attempts, created_at, updated_at)
-                VALUES ('default', k, 'completed', pg_catalog.nextval('idempotency.token_seq'), 1, pg_catalog.now(),
-                        pg_catalog.clock_timestamp())
+                INSERT INTO %2$s (scope, key, status, attempts, created_at, updated_at)
+                VALUES ('default', k, 'completed', 1,
+                        LEAST(GREATEST(pg_catalog.now(), %3$L::timestamptz), %4$L::timestamptz OPERATOR(pg_catalog.-) '1 microsecond'::interval),
+                        pg_catalog.now())
                 ON CONFLICT DO NOTHING;
                 RETURN FOUND;
             END
             $b$;
-        $f$, t.suffix, t.tab);
+        $f$, t.suffix, t.tab, w.range_from, w.range_to);
     END LOOP;
 END
 $do$;

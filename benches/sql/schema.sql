@@ -42,6 +42,16 @@ BEGIN
 END
 $$;
 
+-- The bare insert of workload 1 alone in the same kind of function (row m_w1, benches/sql/w1_min_secdef.sql):
+-- what a SECURITY DEFINER PL/pgSQL call costs around an insert, beside idem_once (issue 32).
+CREATE FUNCTION bench_min_once(k text) RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    INSERT INTO public.floor_keys (key) VALUES (k) ON CONFLICT DO NOTHING;
+    RETURN FOUND;
+END
+$$;
+
 -- Workload 5c: an insert-only dedup table; a duplicate fails on the primary key.
 CREATE TABLE processed_events (
     event_id     text PRIMARY KEY,

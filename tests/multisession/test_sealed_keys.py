@@ -1,6 +1,6 @@
 """Keys of sealed partitions are found again, whichever way a call looks for them.
 
-Three past daily partitions hold completed keys (written there as benches/workloads.py loads a week); a
+Three past daily partitions hold completed keys (written there as benches/retained.py loads a week); a
 maintenance round seals them. Every one of those keys must then answer as seen before through idem_once,
 idem_claim, idem_once_batch and idem_claim_batch, and new keys as new: before the partitions' key filters
 are written and after. The SQL edition writes its filters (idempotency.sealed_keys) in the round after the
