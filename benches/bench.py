@@ -6,9 +6,9 @@ Every figure of the final table comes from this run on this machine; ratios comp
 same group, durability class, client count and key mix (see benches/README.md).
 """
 # The benchmark is split in four: workloads.py (what each row is and how it is run; retained.py for the
-# workloads over retained keys), runner.py (the
-# cluster, pgbench, the Python driver, Redis, the sampling) and report.py (ratios, targets, the tables and
-# the results files). This file is the command line and the order of a run.
+# workloads over retained keys), runner.py (the cluster, pgbench, the Python driver, Redis, the sampling) and
+# report.py (ratios, targets, the tables and the results files). This file is the command line and the order
+# of a run.
 import argparse
 import os
 import sys

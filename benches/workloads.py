@@ -1,7 +1,8 @@
 """The benchmark's workloads: what each row of the table is (WORKLOADS, its group and the group's
 reference row), the start state every measured run begins from, and how each workload is run and sampled
 (pgbench scripts in benches/sql, the Python driver, redis-benchmark commands; the growth, partition,
-production-shape and retention procedures are in retained.py). benches/README.md describes them; runner.py runs them, report.py tabulates them.
+production-shape and retention procedures are in retained.py). benches/README.md describes them; runner.py
+runs them, report.py tabulates them.
 """
 import os
 import subprocess
@@ -173,7 +174,8 @@ def updates(admin):
     admin.q("SELECT pg_stat_clear_snapshot()")
     return tuple(int(x) for x in admin.conn.execute(
         """SELECT coalesce(sum(n_tup_upd), 0), coalesce(sum(n_tup_hot_upd), 0) FROM pg_stat_user_tables
-            WHERE schemaname = 'idempotency' AND relname LIKE 'records%' OR relname = 'bench_floor_records'""").fetchone())
+            WHERE (schemaname = 'idempotency' AND relname LIKE 'records%')
+               OR (schemaname = 'public' AND relname = 'bench_floor_records')""").fetchone())
 
 
 def edition_wanted(bench):

@@ -22,8 +22,8 @@ GRANT USAGE ON SEQUENCE business_rows_id_seq TO bench;
 -- minimal SECURITY DEFINER PL/pgSQL function that checks nothing (no argument, limit, setting, grant or state
 -- test, no result table): straight into the write partition (named in the function, found here once: on a
 -- fresh install, after idem_maintenance(), the partition covering now, which is the oldest unsealed one), with
--- the columns the edition writes and created_at kept inside the partition's range as idempotency.created_at
--- keeps it (so a run that crosses midnight still writes there); the claim draws its token from the edition's
+-- the columns the edition writes and created_at from idempotency.created_at, as the edition takes it (kept
+-- inside the partition's range, so a run that crosses midnight still writes there); the claim draws its token from the edition's
 -- sequence and sets the lease's expires_at, the completion ends the lease (expires_at NULL), idem_once's
 -- completed row has neither. What a PL/pgSQL edition that writes the claim as a row, then changes it, can
 -- reach on this storage: rows f_w3 and f_w2a (benches/sql/w3_floor_edition.sql, w2a_floor_edition.sql). f2_w3
@@ -47,7 +47,7 @@ BEGIN
             BEGIN
                 INSERT INTO %2$s (scope, key, status, token, attempts, created_at, updated_at, expires_at)
                 VALUES ('default', k, 'pending', pg_catalog.nextval('idempotency.token_seq'), 1,
-                        LEAST(GREATEST(pg_catalog.now(), %3$L::timestamptz), %4$L::timestamptz OPERATOR(pg_catalog.-) '1 microsecond'::interval),
+                        idempotency.created_at(%3$L::timestamptz, %4$L::timestamptz),
                         pg_catalog.clock_timestamp(), pg_catalog.clock_timestamp() OPERATOR(pg_catalog.+) '5 min'::interval)
                 ON CONFLICT DO NOTHING;
                 RETURN FOUND;
@@ -66,7 +66,7 @@ BEGIN
             BEGIN
                 INSERT INTO %2$s (scope, key, status, attempts, created_at, updated_at)
                 VALUES ('default', k, 'completed', 1,
-                        LEAST(GREATEST(pg_catalog.now(), %3$L::timestamptz), %4$L::timestamptz OPERATOR(pg_catalog.-) '1 microsecond'::interval),
+                        idempotency.created_at(%3$L::timestamptz, %4$L::timestamptz),
                         pg_catalog.now())
                 ON CONFLICT DO NOTHING;
                 RETURN FOUND;
