@@ -3,13 +3,20 @@ gets its entry, a DBA's unique index still raises 23505, and a partition with tr
 constraints or a column a DBA added gets the SPI INSERT, which fires, checks and fills them. Each test
 works in a database of its own, so that its triggers and indexes on the current partition reach no other
 test.
+
+The insert and the lookup before it call PostgreSQL in sections under one guard each
+(src/storage/pg/unguarded.rs): an ERROR raised inside one (a DBA's unique index, a lock timeout) must
+reach the client as PostgreSQL raised it, with nothing written and no key lock left.
 """
+import threading
+import time
 import uuid
 
 import psycopg
 import pytest
 
 import pgtools
+from idemlib import rust_internals
 
 pytestmark = pytest.mark.native_only("direct heap inserts (src/storage/direct.rs)")
 
@@ -98,10 +105,27 @@ def test_every_index_of_the_partition_gets_the_new_rows(cluster, db, report):
         report(f"{checked} indexes of {part} verified with bt_index_check(heapallindexed)")
 
 
-def test_a_unique_index_of_a_dba_raises_its_own_error(cluster, db):
+KEY_LOCKS = "SELECT count(*) FROM pg_locks WHERE pid = pg_backend_pid() AND locktype = 'advisory' AND objsubid = 18756"
+
+
+def assert_clean_failure(c, e, keys=()):
+    """After an ERROR raised inside a call: no Rust in any field, the session answers, holds no key
+    lock, and none of `keys` was written."""
+    assert not rust_internals(e), f"the error carries Rust internals: {rust_internals(e)}"
+    c.execute("ROLLBACK")
+    assert c.execute("SELECT 1").fetchone()[0] == 1
+    assert c.execute(KEY_LOCKS).fetchone()[0] == 0, "key locks left behind by the failed call"
+    if keys:
+        assert c.execute("SELECT count(*) FROM idempotency.records WHERE key = ANY(%s)", (list(keys),)).fetchone()[0] == 0
+
+
+def test_a_unique_index_of_a_dba_raises_its_own_error(cluster, db, report):
+    """23505 from the index inserts of each kind of write: a claim written at COMMIT, idem_once, and a
+    batch (one multi-row heap insert, then its index entries)."""
     with cluster.connect(dbname=db) as c:
         part = current_partition(c)
         c.execute(f"CREATE UNIQUE INDEX direct_unique_fp ON {part} (fingerprint)")
+        c.execute(f"CREATE UNIQUE INDEX direct_unique_once ON {part} (status) WHERE key LIKE 'once-%'")
         c.execute("BEGIN")
         c.execute("SELECT idem_claim('u1', fingerprint => 'same')")
         c.execute("COMMIT")
@@ -110,7 +134,41 @@ def test_a_unique_index_of_a_dba_raises_its_own_error(cluster, db):
         with pytest.raises(psycopg.errors.UniqueViolation) as e:
             c.execute("COMMIT")
         assert "direct_unique_fp" in str(e.value)
-        assert c.execute("SELECT count(*) FROM idempotency.records WHERE key = 'u2'").fetchone()[0] == 0
+        assert_clean_failure(c, e.value, ["u2"])
+        assert c.execute("SELECT idem_once('once-1')").fetchone()[0] is True
+        for call, keys in (("SELECT idem_once('once-2')", ["once-2"]),
+                           ("SELECT count(*) FROM idem_once_batch(ARRAY['once-3', 'once-4'])", ["once-3", "once-4"])):
+            c.execute("BEGIN")
+            with pytest.raises(psycopg.errors.UniqueViolation) as e:
+                c.execute(call)
+            assert "direct_unique_once" in str(e.value), e.value
+            assert_clean_failure(c, e.value, keys)
+        assert c.execute("SELECT idem_once('other')").fetchone()[0] is True
+    report("23505 from a claim at COMMIT, idem_once and idem_once_batch: clean, nothing written, no key lock left")
+
+
+def test_a_lock_timeout_in_the_lookup_is_raised_as_postgres_raises_it(cluster, db, report):
+    """lock_timeout fires while a call waits for the record table's lock, which the lookup takes in its
+    first section (a DBA holds the table in ACCESS EXCLUSIVE mode); the call then works once it is free."""
+    with cluster.connect(dbname=db) as c, cluster.connect(dbname=db) as dba:
+        assert c.execute("SELECT idem_once('warm')").fetchone()[0] is True   # the backend's caches made
+        dba.execute("BEGIN")
+        dba.execute("LOCK TABLE idempotency.records IN ACCESS EXCLUSIVE MODE")
+        c.execute("SET lock_timeout = '300ms'")
+        c.execute("BEGIN")
+        started = time.monotonic()
+        with pytest.raises(psycopg.errors.LockNotAvailable) as e:
+            c.execute("SELECT idem_once('blocked')")
+        elapsed = time.monotonic() - started
+        assert e.value.diag.message_primary == "canceling statement due to lock timeout", e.value.diag.message_primary
+        assert_clean_failure(c, e.value)   # (the table is still locked: the answer below shows nothing was written)
+        c.execute("RESET lock_timeout")
+        waiter = threading.Thread(target=lambda: (time.sleep(0.2), dba.execute("COMMIT")))
+        waiter.start()
+        assert c.execute("SELECT idem_once('blocked')").fetchone()[0] is True
+        waiter.join()
+        assert c.execute("SELECT idem_once('blocked')").fetchone()[0] is False
+    report(f"55P03 after {elapsed:.2f}s, clean; the key written once the table was free")
 
 
 def test_triggers_and_check_constraints_get_the_insert_statement(cluster, db, report):

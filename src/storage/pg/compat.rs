@@ -19,31 +19,26 @@ pub const PARTITION_STRATEGY_RANGE: u8 = pg_sys::PARTITION_STRATEGY_RANGE;
 pub const PARTITION_STRATEGY_RANGE: u8 = pg_sys::PartitionStrategy::PARTITION_STRATEGY_RANGE as u8;
 
 /// `ExecInsertIndexTuples` for a plain insert: every index of the relation (16 added `onlySummarizing`,
-/// which only an UPDATE that is HOT but for summarizing indexes sets), no ON CONFLICT arbiters.
+/// which only an UPDATE that is HOT but for summarizing indexes sets), no ON CONFLICT arbiters. Called
+/// unguarded, inside an `unguarded::section`.
 ///
 /// # Safety
 /// As `ExecInsertIndexTuples`: `result`'s indices are open (`ExecOpenIndices`), `slot` holds the tuple
-/// just inserted into its relation, `estate` is a live executor state.
+/// just inserted into its relation, `estate` is a live executor state; and as a function of `unguarded`.
+#[inline(always)]
 pub unsafe fn insert_index_tuples(
     result: *mut pg_sys::ResultRelInfo,
     slot: *mut pg_sys::TupleTableSlot,
     estate: *mut pg_sys::EState,
 ) {
+    use super::unguarded::ExecInsertIndexTuples;
+    let (conflict, arbiters) = (std::ptr::null_mut(), std::ptr::null_mut());
     // SAFETY: the caller's contract is the function's own.
     unsafe {
         #[cfg(feature = "pg15")]
-        pg_sys::ExecInsertIndexTuples(result, slot, estate, false, false, std::ptr::null_mut(), std::ptr::null_mut());
+        ExecInsertIndexTuples(result, slot, estate, false, false, conflict, arbiters);
         #[cfg(not(feature = "pg15"))]
-        pg_sys::ExecInsertIndexTuples(
-            result,
-            slot,
-            estate,
-            false,
-            false,
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            false,
-        );
+        ExecInsertIndexTuples(result, slot, estate, false, false, conflict, arbiters, false);
     }
 }
 

@@ -12,6 +12,7 @@
 //! executor's partition check then refuses it with PostgreSQL's own error, where a direct insert would
 //! have put it where no lookup by time finds it.
 use super::catalog::Invalidated;
+use super::unguarded;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::cell::RefCell;
@@ -108,7 +109,8 @@ pub fn insert_all(partition: pg_sys::Oid, rows: &[Row]) -> bool {
     // SAFETY: the partition is locked by the caller, so it stays as opened; the slots, executor state
     // and result relation are made here for these rows and released before returning (an ERROR in
     // between leaves them to the (sub)transaction's memory and resource cleanup); every datum stored
-    // in a slot is of its column's type and lives in the current memory context until then.
+    // in a slot is of its column's type and lives in the current memory context until then. The
+    // sections call only `unguarded`'s functions, on raw pointers and plain values owned out here.
     unsafe {
         let rel = pg_sys::table_open(partition, pg_sys::RowExclusiveLock as i32);
         let Some((columns, (from, to))) = layout(rel) else {
@@ -119,74 +121,97 @@ pub fn insert_all(partition: pg_sys::Oid, rows: &[Row]) -> bool {
             pg_sys::table_close(rel, pg_sys::NoLock as i32);
             return false;
         }
-        let mut slots: Vec<*mut pg_sys::TupleTableSlot> = rows.iter().map(|row| filled_slot(rel, &columns, row)).collect();
-        let estate = pg_sys::CreateExecutorState();
-        let result = pg_sys::palloc0(std::mem::size_of::<pg_sys::ResultRelInfo>()) as *mut pg_sys::ResultRelInfo;
-        pg_sys::InitResultRelInfo(result, rel, 1, std::ptr::null_mut(), 0);
+        // (The text datums are made by pgrx, with guarded calls: before the section.)
+        let values: Vec<[Option<pg_sys::Datum>; 10]> = rows.iter().map(datums).collect();
+        let mut slots = vec![std::ptr::null_mut::<pg_sys::TupleTableSlot>(); rows.len()];
+        let (estate, result) = unguarded::section(|| {
+            for (slot, datums) in slots.iter_mut().zip(&values) {
+                *slot = filled_slot(rel, &columns, datums);
+            }
+            let estate = unguarded::CreateExecutorState();
+            let result = unguarded::palloc0(std::mem::size_of::<pg_sys::ResultRelInfo>()) as *mut pg_sys::ResultRelInfo;
+            unguarded::InitResultRelInfo(result, rel, 1, std::ptr::null_mut(), 0);
+            (estate, result)
+        });
         // (The IndexInfos `result` points to, kept until the indexes are closed.)
         let _indexes = super::indexes::open_indices(result);
-        match slots.as_mut_slice() {
-            [one] => pg_sys::simple_table_tuple_insert(rel, *one),
-            many => {
-                // `table_multi_insert`, an inline function of tableam.h: the table access method's own.
-                let multi_insert = (*(*rel).rd_tableam).multi_insert.expect("a table access method inserts");
-                let cid = pg_sys::GetCurrentCommandId(true);
-                multi_insert(rel, many.as_mut_ptr(), many.len() as i32, cid, 0, std::ptr::null_mut());
-            }
-        }
-        for &slot in &slots {
-            if (*result).ri_NumIndices > 0 {
-                super::compat::insert_index_tuples(result, slot, estate);
-                // What evaluating index predicates and expressions left, as the executor frees it per row.
-                let econtext = (*estate).es_per_tuple_exprcontext;
-                if !econtext.is_null() {
-                    pg_sys::MemoryContextReset((*econtext).ecxt_per_tuple_memory);
+        unguarded::section(|| {
+            // `table_multi_insert`, an inline function of tableam.h, calls the table access method's own.
+            match ((*(*rel).rd_tableam).multi_insert, slots.as_mut_slice()) {
+                (Some(multi_insert), many) if many.len() > 1 => {
+                    let cid = unguarded::GetCurrentCommandId(true);
+                    multi_insert(rel, many.as_mut_ptr(), many.len() as i32, cid, 0, std::ptr::null_mut());
+                }
+                (_, all) => {
+                    for &mut slot in all {
+                        unguarded::simple_table_tuple_insert(rel, slot);
+                    }
                 }
             }
-            pg_sys::ExecDropSingleTupleTableSlot(slot);
-        }
-        pg_sys::ExecCloseIndices(result);
-        pg_sys::FreeExecutorState(estate);
-        pg_sys::table_close(rel, pg_sys::NoLock as i32);
-        // As after an SPI INSERT: later commands of this transaction see the rows.
-        pg_sys::CommandCounterIncrement();
+            for &slot in &slots {
+                if (*result).ri_NumIndices > 0 {
+                    super::compat::insert_index_tuples(result, slot, estate);
+                    // What evaluating index predicates and expressions left, as the executor frees it per row.
+                    let econtext = (*estate).es_per_tuple_exprcontext;
+                    if !econtext.is_null() {
+                        unguarded::MemoryContextReset((*econtext).ecxt_per_tuple_memory);
+                    }
+                }
+                unguarded::ExecDropSingleTupleTableSlot(slot);
+            }
+            unguarded::ExecCloseIndices(result);
+            unguarded::FreeExecutorState(estate);
+            unguarded::table_close(rel, pg_sys::NoLock as i32);
+            // As after an SPI INSERT: later commands of this transaction see the rows.
+            unguarded::CommandCounterIncrement();
+        });
     }
     true
 }
 
-/// A slot of `rel` holding `row`, its columns where `columns` says.
+/// `row`'s values in the order of [`COLUMN_NAMES`], None for NULL.
+fn datums(row: &Row) -> [Option<pg_sys::Datum>; 10] {
+    [
+        row.scope.into_datum(),
+        row.key.into_datum(),
+        row.status.into_datum(),
+        row.token.into_datum(),
+        row.attempts.into_datum(),
+        row.fingerprint.into_datum(),
+        row.payload,
+        Some(pg_sys::Datum::from(row.created_at)),
+        Some(pg_sys::Datum::from(row.updated_at)),
+        row.expires_at.map(pg_sys::Datum::from),
+    ]
+}
+
+/// A slot of `rel` holding `datums`, each column where `columns` says. Called unguarded.
 ///
 /// # Safety
-/// `rel` is open; `columns` is its layout.
-unsafe fn filled_slot(rel: pg_sys::Relation, columns: &[usize; 10], row: &Row) -> *mut pg_sys::TupleTableSlot {
-    // SAFETY: the caller's contract; the slot's arrays have `natts` entries, and every datum is of its
-    // column's type.
+/// `rel` is open; `columns` is its layout (each entry below the relation's number of attributes); every
+/// datum is of its column's type; inside an `unguarded::section`.
+#[inline(always)]
+unsafe fn filled_slot(
+    rel: pg_sys::Relation,
+    columns: &[usize; 10],
+    datums: &[Option<pg_sys::Datum>; 10],
+) -> *mut pg_sys::TupleTableSlot {
+    // SAFETY: the caller's contract; the slot's arrays have `natts` entries, which `columns` stays below.
     unsafe {
-        let slot = pg_sys::table_slot_create(rel, std::ptr::null_mut());
-        pg_sys::ExecClearTuple(slot);
+        let slot = unguarded::table_slot_create(rel, std::ptr::null_mut());
+        unguarded::ExecClearTuple(slot);
         let natts = (*(*slot).tts_tupleDescriptor).natts as usize;
-        let values = std::slice::from_raw_parts_mut((*slot).tts_values, natts);
-        let nulls = std::slice::from_raw_parts_mut((*slot).tts_isnull, natts);
-        nulls.fill(true);
-        let datums: [Option<pg_sys::Datum>; 10] = [
-            row.scope.into_datum(),
-            row.key.into_datum(),
-            row.status.into_datum(),
-            row.token.into_datum(),
-            row.attempts.into_datum(),
-            row.fingerprint.into_datum(),
-            row.payload,
-            Some(pg_sys::Datum::from(row.created_at)),
-            Some(pg_sys::Datum::from(row.updated_at)),
-            row.expires_at.map(pg_sys::Datum::from),
-        ];
-        for (at, datum) in columns.iter().zip(datums) {
-            if let Some(d) = datum {
-                values[*at] = d;
-                nulls[*at] = false;
+        let (values, nulls) = ((*slot).tts_values, (*slot).tts_isnull);
+        for at in 0..natts {
+            *nulls.add(at) = true;
+        }
+        for (&at, datum) in columns.iter().zip(datums) {
+            if let Some(d) = *datum {
+                *values.add(at) = d;
+                *nulls.add(at) = false;
             }
         }
-        pg_sys::ExecStoreVirtualTuple(slot);
+        unguarded::ExecStoreVirtualTuple(slot);
         slot
     }
 }

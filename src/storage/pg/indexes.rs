@@ -81,14 +81,18 @@ pub unsafe fn open_indices(result: *mut pg_sys::ResultRelInfo) -> Kept {
     let n = indexes.list.len();
     (*result).ri_NumIndices = n as i32;
     if n > 0 {
-        let descs = pg_sys::palloc(n * std::mem::size_of::<pg_sys::Relation>()) as *mut pg_sys::Relation;
-        let infos = pg_sys::palloc(n * std::mem::size_of::<*mut pg_sys::IndexInfo>()) as *mut *mut pg_sys::IndexInfo;
-        for (i, (index, info)) in indexes.list.iter().enumerate() {
-            *descs.add(i) = pg_sys::index_open(*index, pg_sys::RowExclusiveLock as i32);
-            *infos.add(i) = *info;
-        }
-        (*result).ri_IndexRelationDescs = descs;
-        (*result).ri_IndexRelationInfo = infos;
+        // (One guard for the whole loop: it calls only `unguarded`'s functions, on plain values.)
+        super::unguarded::section(|| {
+            let descs = super::unguarded::palloc0(n * std::mem::size_of::<pg_sys::Relation>()) as *mut pg_sys::Relation;
+            let infos =
+                super::unguarded::palloc0(n * std::mem::size_of::<*mut pg_sys::IndexInfo>()) as *mut *mut pg_sys::IndexInfo;
+            for (i, (index, info)) in indexes.list.iter().enumerate() {
+                *descs.add(i) = super::unguarded::index_open(*index, pg_sys::RowExclusiveLock as i32);
+                *infos.add(i) = *info;
+            }
+            (*result).ri_IndexRelationDescs = descs;
+            (*result).ri_IndexRelationInfo = infos;
+        });
     }
     kept
 }

@@ -49,17 +49,17 @@ fn stale(walk: &Walk, what: Invalidated) -> bool {
 }
 
 /// The leaf partitions of the record table, oldest range first (partition descriptors list partitions
-/// in bound order), without those whose range starts after `horizon`. The record table and the
-/// partitioned tables on the way are locked (`AccessShareLock`, until the transaction ends), as a
-/// query would; the leaves are not opened.
+/// in bound order), without those whose range starts after `horizon`. The partitioned tables on the
+/// way are locked (`AccessShareLock`, until the transaction ends), as a query would; the leaves are not
+/// opened.
 ///
 /// # Safety
-/// Inside a transaction.
+/// Inside a transaction, the record table locked (`AccessShareLock`) by the caller, who has then processed
+/// pending invalidations (`AcceptInvalidationMessages`): those that partitions created, dropped or sealed
+/// since have sent, which forget the walk. (Taking the lock the first time in a transaction processes
+/// them too; `probe::Prober::open` does both.)
 pub unsafe fn collect_leaves(horizon: pg_sys::TimestampTz, out: &mut Vec<pg_sys::Oid>) {
     let records = catalog::records_oid();
-    // Taking the lock (the first time in the transaction) processes the invalidations that partitions
-    // created, dropped or sealed since have sent, which forget the walk.
-    pg_sys::LockRelationOid(records, pg_sys::AccessShareLock as i32);
     let walk = match WALK.with_borrow(|w| w.clone()) {
         Some(walk) if lock_partitioned(&walk) => walk,
         _ => {

@@ -36,6 +36,7 @@ pub mod sealed;
 pub mod settings;
 pub mod spi;
 pub mod tuple;
+pub mod unguarded;
 pub mod unlocked;
 pub mod writer;
 pub mod xact;

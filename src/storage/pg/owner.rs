@@ -27,10 +27,10 @@ impl AsOwner {
         let owner = super::catalog::records_owner();
         // SAFETY: both out-pointers point to locals that outlive the call; the role set is a valid
         // role oid from the catalog, with SECURITY_LOCAL_USERID_CHANGE added to the caller's flags
-        // as SECURITY DEFINER functions do.
+        // as SECURITY DEFINER functions do; neither call raises an ERROR (unguarded).
         unsafe {
-            pg_sys::GetUserIdAndSecContext(&mut caller, &mut caller_context);
-            pg_sys::SetUserIdAndSecContext(
+            super::unguarded::GetUserIdAndSecContext(&mut caller, &mut caller_context);
+            super::unguarded::SetUserIdAndSecContext(
                 owner,
                 caller_context | pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32,
             );
@@ -45,10 +45,10 @@ impl Drop for AsOwner {
         if !std::thread::panicking() {
             // SAFETY: undoes exactly what `switch` did, in reverse order, in the same transaction
             // (an abort in between would have unwound instead); sections opened inside this one
-            // (SPI connections, pinned settings) were dropped before it.
+            // (SPI connections, pinned settings) were dropped before it; the role switch raises no ERROR.
             unsafe {
                 super::compat::end_catalog_search_path(self.search_path);
-                pg_sys::SetUserIdAndSecContext(self.caller, self.caller_context);
+                super::unguarded::SetUserIdAndSecContext(self.caller, self.caller_context);
             }
         }
     }

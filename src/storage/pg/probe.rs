@@ -21,6 +21,7 @@ use super::leaves::{collect_leaves, FUTURE_MARGIN_US};
 use super::sealed::{self, Chunks, Filter};
 pub use super::layout::Col;
 pub use super::tuple::Tuple;
+use super::unguarded;
 use super::unlocked;
 use super::xact;
 use pgrx::pg_sys;
@@ -78,11 +79,15 @@ impl Prober {
         // invalidation is processed when the backend takes a lock it did not hold, which a lookup may not do
         // (a key's lock is an advisory one, the record table is locked since an earlier call of the
         // transaction): so the record table is locked and the queue read here, before `sealed()`.
-        // SAFETY: inside a transaction; locks the record table as `collect_leaves` below opens it (the lock
-        // stays until the transaction ends), then processes pending invalidations as a lock taken would.
+        let records = catalog::records_oid();
+        // SAFETY: inside a transaction; locks the record table, which `collect_leaves` below needs locked (the
+        // lock stays until the transaction ends), then processes pending invalidations as a lock taken would;
+        // the section calls only `unguarded`'s functions.
         unsafe {
-            pg_sys::LockRelationOid(catalog::records_oid(), pg_sys::AccessShareLock as i32);
-            pg_sys::AcceptInvalidationMessages();
+            unguarded::section(|| {
+                unguarded::LockRelationOid(records, pg_sys::AccessShareLock as i32);
+                unguarded::AcceptInvalidationMessages();
+            })
         }
         let known = sealed::sealed();
         // SAFETY: called inside a transaction (from a SQL function): the snapshot is registered here and
@@ -283,24 +288,30 @@ pub enum Probe<T> {
 /// # Safety
 /// `scan` is an index scan of `part.index`, made by this module; `part.slot` is empty.
 unsafe fn fetch(part: &Partition, scan: pg_sys::IndexScanDesc, scope: pg_sys::Datum, key: pg_sys::Datum) -> bool {
-    let mut keys: [pg_sys::ScanKeyData; 2] = Default::default();
     // In the index's column order.
     let values = if part.key_first { [key, scope] } else { [scope, key] };
-    for (i, (entry, value)) in keys.iter_mut().zip(values).enumerate() {
-        pg_sys::ScanKeyEntryInitialize(
-            entry,
-            0,
-            (i + 1) as i16,
-            pg_sys::BTEqualStrategyNumber as u16,
-            pg_sys::InvalidOid,
-            *(*part.index).rd_indcollation.add(i),
-            pg_sys::Oid::from(pg_sys::F_TEXTEQ),
-            value,
-        );
+    let (index, slot) = (part.index, part.slot);
+    // SAFETY: the caller's contract; the section calls only `unguarded`'s functions, on plain values and
+    // scan keys on its own stack frame, which the rescan copies.
+    unsafe {
+        unguarded::section(|| {
+            let mut keys: [pg_sys::ScanKeyData; 2] = Default::default();
+            for (i, (entry, &value)) in keys.iter_mut().zip(values.iter()).enumerate() {
+                unguarded::ScanKeyEntryInitialize(
+                    entry,
+                    0,
+                    (i + 1) as i16,
+                    pg_sys::BTEqualStrategyNumber as u16,
+                    pg_sys::InvalidOid,
+                    *(*index).rd_indcollation.add(i),
+                    pg_sys::Oid::from(pg_sys::F_TEXTEQ),
+                    value,
+                );
+            }
+            unguarded::index_rescan(scan, keys.as_mut_ptr(), 2, std::ptr::null_mut(), 0);
+            unguarded::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, slot)
+        })
     }
-    // The scan keys live on this stack frame during the rescan, which copies them.
-    pg_sys::index_rescan(scan, keys.as_mut_ptr(), 2, std::ptr::null_mut(), 0);
-    pg_sys::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, part.slot)
 }
 
 /// Whether the version a snapshot found is still the key's settled record: Err(Some(xid)) when another
@@ -344,8 +355,10 @@ impl Part {
 unsafe fn open_partition(relid: pg_sys::Oid) -> Partition {
     let heap = pg_sys::table_open(relid, pg_sys::AccessShareLock as i32);
     let layout = layout::layout(heap);
-    let index = pg_sys::index_open(layout.index, pg_sys::AccessShareLock as i32);
-    let slot = pg_sys::table_slot_create(heap, std::ptr::null_mut());
+    let (index, slot) = unguarded::section(|| {
+        let index = unguarded::index_open(layout.index, pg_sys::AccessShareLock as i32);
+        (index, unguarded::table_slot_create(heap, std::ptr::null_mut()))
+    });
     Partition {
         heap,
         index,
@@ -366,17 +379,20 @@ impl Drop for Prober {
         }
         // SAFETY: releases exactly what `open` acquired, once: slots, scans, relations (their locks stay
         // to the end of the transaction, as a query's would); `latest` unregisters its snapshot after.
+        // The section calls only `unguarded`'s functions, on the partitions' raw pointers.
         unsafe {
-            for part in self.parts.iter().filter_map(|p| p.open.as_ref()) {
-                pg_sys::ExecDropSingleTupleTableSlot(part.slot);
-                for scan in [part.mvcc_scan, part.quiet_scan, part.dirty_scan] {
-                    if !scan.is_null() {
-                        pg_sys::index_endscan(scan);
+            unguarded::section(|| {
+                for part in self.parts.iter().filter_map(|p| p.open.as_ref()) {
+                    unguarded::ExecDropSingleTupleTableSlot(part.slot);
+                    for &scan in [part.mvcc_scan, part.quiet_scan, part.dirty_scan].iter() {
+                        if !scan.is_null() {
+                            unguarded::index_endscan(scan);
+                        }
                     }
+                    unguarded::index_close(part.index, pg_sys::NoLock as i32);
+                    unguarded::table_close(part.heap, pg_sys::NoLock as i32);
                 }
-                pg_sys::index_close(part.index, pg_sys::NoLock as i32);
-                pg_sys::table_close(part.heap, pg_sys::NoLock as i32);
-            }
+            });
             self.chunks.close();
         }
     }

@@ -3,21 +3,21 @@ use pgrx::pg_sys;
 
 /// When the current transaction started: `now()` in SQL, the `created_at` of the rows it inserts.
 pub fn start_time() -> pg_sys::TimestampTz {
-    // SAFETY: reads a timestamp PostgreSQL set at transaction start; no side effects.
-    unsafe { pg_sys::GetCurrentTransactionStartTimestamp() }
+    // SAFETY: reads a timestamp PostgreSQL set at transaction start; no side effects, no ERROR (unguarded).
+    unsafe { super::unguarded::GetCurrentTransactionStartTimestamp() }
 }
 
 /// The clock now (`clock_timestamp()`), which lease ends are compared with.
 pub fn clock() -> pg_sys::TimestampTz {
-    // SAFETY: reads the system clock; no side effects.
-    unsafe { pg_sys::GetCurrentTimestamp() }
+    // SAFETY: reads the system clock; no side effects, no ERROR (unguarded).
+    unsafe { super::unguarded::GetCurrentTimestamp() }
 }
 
 /// Whether the current transaction (or one of its live subtransactions) wrote a row version with
 /// this `xmin`.
 pub fn wrote(xmin: pg_sys::TransactionId) -> bool {
-    // SAFETY: a lookup in the backend's own transaction state; no side effects.
-    unsafe { pg_sys::TransactionIdIsCurrentTransactionId(xmin) }
+    // SAFETY: a lookup in the backend's own transaction state; no side effects, no ERROR (unguarded).
+    unsafe { super::unguarded::TransactionIdIsCurrentTransactionId(xmin) }
 }
 
 /// Under REPEATABLE READ and SERIALIZABLE, whether a row version written by `xmin` was written by
