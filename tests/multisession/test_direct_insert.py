@@ -6,7 +6,7 @@ test.
 
 The insert and the lookup before it call PostgreSQL in sections under one guard each
 (src/storage/pg/unguarded.rs): an ERROR raised inside one (a DBA's unique index, a lock timeout) must
-reach the client as PostgreSQL raised it, with nothing written and no key lock left.
+reach the client as PostgreSQL raised it, with nothing written.
 """
 import threading
 import time
@@ -105,23 +105,20 @@ def test_every_index_of_the_partition_gets_the_new_rows(cluster, db, report):
         report(f"{checked} indexes of {part} verified with bt_index_check(heapallindexed)")
 
 
-KEY_LOCKS = "SELECT count(*) FROM pg_locks WHERE pid = pg_backend_pid() AND locktype = 'advisory' AND objsubid = 18756"
-
-
 def assert_clean_failure(c, e, keys=()):
-    """After an ERROR raised inside a call: no Rust in any field, the session answers, holds no key
-    lock, and none of `keys` was written."""
+    """After an ERROR raised inside a call: no Rust in any field, the session answers once its transaction
+    is rolled back, and none of `keys` was written."""
     assert not rust_internals(e), f"the error carries Rust internals: {rust_internals(e)}"
     c.execute("ROLLBACK")
     assert c.execute("SELECT 1").fetchone()[0] == 1
-    assert c.execute(KEY_LOCKS).fetchone()[0] == 0, "key locks left behind by the failed call"
     if keys:
         assert c.execute("SELECT count(*) FROM idempotency.records WHERE key = ANY(%s)", (list(keys),)).fetchone()[0] == 0
 
 
 def test_a_unique_index_of_a_dba_raises_its_own_error(cluster, db, report):
     """23505 from the index inserts of each kind of write: a claim written at COMMIT, idem_once, and a
-    batch (one multi-row heap insert, then its index entries)."""
+    batch (one multi-row heap insert, then its index entries). The partition has no trigger, CHECK or
+    column of a DBA's, so these are direct inserts, whose index entries are made inside a section."""
     with cluster.connect(dbname=db) as c:
         part = current_partition(c)
         c.execute(f"CREATE UNIQUE INDEX direct_unique_fp ON {part} (fingerprint)")
@@ -144,7 +141,7 @@ def test_a_unique_index_of_a_dba_raises_its_own_error(cluster, db, report):
             assert "direct_unique_once" in str(e.value), e.value
             assert_clean_failure(c, e.value, keys)
         assert c.execute("SELECT idem_once('other')").fetchone()[0] is True
-    report("23505 from a claim at COMMIT, idem_once and idem_once_batch: clean, nothing written, no key lock left")
+    report("23505 from a claim at COMMIT, idem_once and idem_once_batch: clean, nothing written")
 
 
 def test_a_lock_timeout_in_the_lookup_is_raised_as_postgres_raises_it(cluster, db, report):
@@ -162,7 +159,7 @@ def test_a_lock_timeout_in_the_lookup_is_raised_as_postgres_raises_it(cluster, d
         elapsed = time.monotonic() - started
         assert e.value.diag.message_primary == "canceling statement due to lock timeout", e.value.diag.message_primary
         assert_clean_failure(c, e.value)   # (the table is still locked: the answer below shows nothing was written)
-        c.execute("RESET lock_timeout")
+        c.execute("SET lock_timeout = '60s'")   # (a bound, never reached: the table is freed below)
         waiter = threading.Thread(target=lambda: (time.sleep(0.2), dba.execute("COMMIT")))
         waiter.start()
         assert c.execute("SELECT idem_once('blocked')").fetchone()[0] is True

@@ -117,7 +117,11 @@ pub fn insert_all(partition: pg_sys::Oid, rows: &[Row]) -> bool {
             pg_sys::table_close(rel, pg_sys::NoLock as i32);
             return false;
         };
-        if rows.iter().any(|row| !(from <= row.created_at && row.created_at < to)) {
+        // (The slots are filled through raw pointers below: every column the layout names is checked to
+        // be one of the relation's, which it always is, as a layout is read from the same descriptor.)
+        let natts = (*(*rel).rd_att).natts as usize;
+        let outside = rows.iter().any(|row| !(from <= row.created_at && row.created_at < to));
+        if outside || columns.iter().any(|&c| c >= natts) {
             pg_sys::table_close(rel, pg_sys::NoLock as i32);
             return false;
         }

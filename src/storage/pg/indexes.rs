@@ -81,12 +81,13 @@ pub unsafe fn open_indices(result: *mut pg_sys::ResultRelInfo) -> Kept {
     let n = indexes.list.len();
     (*result).ri_NumIndices = n as i32;
     if n > 0 {
+        let (desc_bytes, info_bytes) =
+            (n * std::mem::size_of::<pg_sys::Relation>(), n * std::mem::size_of::<*mut pg_sys::IndexInfo>());
         // (One guard for the whole loop: it calls only `unguarded`'s functions, on plain values.)
         super::unguarded::section(|| {
-            let descs = super::unguarded::palloc0(n * std::mem::size_of::<pg_sys::Relation>()) as *mut pg_sys::Relation;
-            let infos =
-                super::unguarded::palloc0(n * std::mem::size_of::<*mut pg_sys::IndexInfo>()) as *mut *mut pg_sys::IndexInfo;
-            for (i, (index, info)) in indexes.list.iter().enumerate() {
+            let descs = super::unguarded::palloc0(desc_bytes) as *mut pg_sys::Relation;
+            let infos = super::unguarded::palloc0(info_bytes) as *mut *mut pg_sys::IndexInfo;
+            for (i, (index, info)) in (0..n).zip(indexes.list.iter()) {
                 *descs.add(i) = super::unguarded::index_open(*index, pg_sys::RowExclusiveLock as i32);
                 *infos.add(i) = *info;
             }

@@ -288,28 +288,28 @@ pub enum Probe<T> {
 /// # Safety
 /// `scan` is an index scan of `part.index`, made by this module; `part.slot` is empty.
 unsafe fn fetch(part: &Partition, scan: pg_sys::IndexScanDesc, scope: pg_sys::Datum, key: pg_sys::Datum) -> bool {
-    // In the index's column order.
-    let values = if part.key_first { [key, scope] } else { [scope, key] };
-    let (index, slot) = (part.index, part.slot);
+    let values = if part.key_first { [key, scope] } else { [scope, key] }; // in the index's column order
     // SAFETY: the caller's contract; the section calls only `unguarded`'s functions, on plain values and
     // scan keys on its own stack frame, which the rescan copies.
     unsafe {
         unguarded::section(|| {
             let mut keys: [pg_sys::ScanKeyData; 2] = Default::default();
-            for (i, (entry, &value)) in keys.iter_mut().zip(values.iter()).enumerate() {
+            // (Attribute numbers and collation slots written out: no arithmetic in the section.)
+            let columns = [(1i16, 0usize), (2, 1)];
+            for ((entry, &value), &(attno, at)) in keys.iter_mut().zip(values.iter()).zip(columns.iter()) {
                 unguarded::ScanKeyEntryInitialize(
                     entry,
                     0,
-                    (i + 1) as i16,
+                    attno,
                     pg_sys::BTEqualStrategyNumber as u16,
                     pg_sys::InvalidOid,
-                    *(*index).rd_indcollation.add(i),
+                    *(*part.index).rd_indcollation.add(at),
                     pg_sys::Oid::from(pg_sys::F_TEXTEQ),
                     value,
                 );
             }
             unguarded::index_rescan(scan, keys.as_mut_ptr(), 2, std::ptr::null_mut(), 0);
-            unguarded::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, slot)
+            unguarded::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, part.slot)
         })
     }
 }

@@ -12,7 +12,11 @@
 //! - the section's body calls only the functions declared here, never a guarded `pg_sys` function or
 //!   pgrx code that calls one (a panic inside a guard is undefined behaviour);
 //! - between the section and those calls, no frame owns a value with a destructor (an ERROR skips the
-//!   frames in between, as C code's `longjmp` does), and no Rust code that can panic runs there.
+//!   frames in between, as C code's `longjmp` does), and no Rust code that can panic runs there (no
+//!   indexing, arithmetic that could overflow, `expect`): a panic would leave PostgreSQL's jump buffer
+//!   pointing into the section;
+//! - no thread-local `RefCell` is borrowed across a section: a call inside one may process invalidations,
+//!   whose callbacks (`catalog`'s, `#[pg_guard]`ed) borrow them.
 //!
 //! Five of them raise no ERROR in any major (15 to 18): each only reads or sets backend variables.
 //! They alone are called outside a section, with no guard at all: `GetCurrentTransactionStartTimestamp`,
