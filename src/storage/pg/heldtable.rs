@@ -119,6 +119,26 @@ impl Shard {
     }
 }
 
+/// Whether the shard of `hash` holds no key: its count, read without the shard's lock (a lookup of a key
+/// nobody holds past its budget, the common case, then takes no LWLock on a cache line every backend shares).
+/// Only a caller that holds the key's lock may take "empty" to mean "the key is not held here": an entry is
+/// added under the shard's lock before its transaction gives the key's lock back, and the caller took that
+/// lock afterwards, which orders this read after the addition (the lock manager's LWLocks are barriers).
+/// True without the table.
+pub fn shard_empty(hash: u64, db: u32) -> bool {
+    // SAFETY: REGION is set once at startup (inherited by every backend) and never freed; an aligned u32 read
+    // while a holder of the shard's lock may write it reads the old or the new count, either of which is
+    // right for the caller (see above).
+    unsafe {
+        let region = REGION;
+        if region.is_null() {
+            return true;
+        }
+        let index = (mix(hash, db) % SHARDS as u64) as usize;
+        std::ptr::read_volatile(&raw const (*region).counts[index]) == 0
+    }
+}
+
 impl Drop for Shard {
     fn drop(&mut self) {
         // SAFETY: releases the lock `Shard::lock` took.

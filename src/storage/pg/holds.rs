@@ -115,6 +115,9 @@ fn drop_entry(hash: u64, db: u32, xid: pg_sys::TransactionId) {
 /// sees.
 pub fn holder(hash: u64) -> Option<pg_sys::TransactionId> {
     let db = database();
+    if heldtable::shard_empty(hash, db) {
+        return None;
+    }
     let xid = {
         let shard = Shard::lock(hash, db, pg_sys::LWLockMode::LW_SHARED)?;
         let i = shard.table.find(hash, db).ok()?;
