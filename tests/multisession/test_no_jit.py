@@ -1,6 +1,6 @@
 """The storage's own statements are planned without JIT compilation (src/storage/pg/spi.rs, `Conn`): at a week
 of partitions the estimate of the partition-coverage statement passed `jit_above_cost`, and compiling it made
-the first call of every new connection take about 50 ms instead of 13 (benches/first-call). The caller's
+the first call of every new connection take 45 ms instead of 13 on PostgreSQL 15 (benches/first-call). The caller's
 `jit` is given back when the call ends, and after a call that raised an ERROR.
 
 Whether a backend compiled anything shows in its memory map: PostgreSQL loads its JIT provider
