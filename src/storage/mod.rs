@@ -64,6 +64,7 @@ pub fn init() {
     pg::holds::init();
     pg::keylock::init();
     deferred::init();
+    pg::nojit::init();
     grants::init();
     pg::catalog::init(&[
         pg::layout::forget_layouts,

@@ -1,7 +1,7 @@
-"""The storage's own statements are planned without JIT compilation (src/storage/pg/spi.rs, `Conn`): at a week
+"""The storage's own statements are planned without JIT compilation (src/storage/pg/nojit.rs): at a week
 of partitions the estimate of the partition-coverage statement passed `jit_above_cost`, and compiling it made
 the first call of every new connection take 45 ms instead of 13 on PostgreSQL 15 (benches/first-call). The caller's
-`jit` is given back when the call ends, and after a call that raised an ERROR.
+own statements still compile, after a call and after a call that raised an ERROR.
 
 Whether a backend compiled anything shows in its memory map: PostgreSQL loads its JIT provider
 (llvmjit.so) at the first compilation. Only servers built with LLVM have one (Debian's; not the
@@ -15,7 +15,7 @@ import pytest
 
 import pgtools
 
-pytestmark = pytest.mark.native_only("the native storage's SPI statements (src/storage/pg/spi.rs)")
+pytestmark = pytest.mark.native_only("the native storage's SPI statements (src/storage/pg/nojit.rs)")
 
 # Compile a plan costing more than this; the calls below cost less at the top level, and the storage's
 # partition-coverage statement more (it reads idempotency.partitions).
@@ -71,14 +71,13 @@ def test_first_calls_compile_nothing(cluster, db):
         c.execute("SELECT idem_complete('second')")
         c.execute("COMMIT")
         assert not compiled(c), "a call compiled the storage's statements"
-        # The caller's own statements still compile: the session's jit was given back, and this test can
-        # see a compilation.
+        # The caller's own statements still compile (and this test can see a compilation).
         assert c.execute("SHOW jit").fetchone()[0] == "on"
         c.execute("SELECT count(*) FROM generate_series(1, 100000) g WHERE g % 7 = 0")
         assert compiled(c)
 
 
-def test_jit_given_back_after_an_error(cluster, db):
+def test_the_callers_statements_compile_after_an_error(cluster, db):
     with eager_jit(cluster, db) as c:
         # Raised inside the call, while the storage's connection is open (P0002: never claimed).
         with pytest.raises(psycopg.errors.NoDataFound):

@@ -126,16 +126,17 @@ impl Shard {
 /// lock afterwards, which orders this read after the addition (the lock manager's LWLocks are barriers).
 /// True without the table.
 pub fn shard_empty(hash: u64, db: u32) -> bool {
-    // SAFETY: REGION is set once at startup (inherited by every backend) and never freed; an aligned u32 read
-    // while a holder of the shard's lock may write it reads the old or the new count, either of which is
-    // right for the caller (see above).
+    // SAFETY: REGION is set once at startup (inherited by every backend) and never freed; the count is an
+    // aligned u32, read atomically while a holder of the shard's lock may write it: the old or the new count,
+    // either of which is right for the caller (see above).
     unsafe {
         let region = REGION;
         if region.is_null() {
             return true;
         }
         let index = (mix(hash, db) % SHARDS as u64) as usize;
-        std::ptr::read_volatile(&raw const (*region).counts[index]) == 0
+        let count = &raw mut (*region).counts[index];
+        std::sync::atomic::AtomicU32::from_ptr(count).load(std::sync::atomic::Ordering::Relaxed) == 0
     }
 }
 

@@ -3,7 +3,7 @@
 //! Nothing here knows what a claim is.
 //!
 //! - `spi`: saved statements run as the storage's owner (`owner`); `settings`: session settings pinned
-//!   while the storage runs DDL or maintenance;
+//!   while the storage runs DDL or maintenance; `nojit`: those statements planned without JIT;
 //! - `probe`: index lookups without the executor (`layout`: where a partition keeps what they read;
 //!   `leaves`: the partitions they search; `tuple`: a record found); `latest`: reads under the latest
 //!   snapshot that take no SERIALIZABLE predicate locks; `direct`: row inserts without the executor
@@ -30,6 +30,7 @@ pub mod keylock;
 pub mod latest;
 pub mod layout;
 pub mod leaves;
+pub mod nojit;
 pub mod owner;
 pub mod probe;
 pub mod sealed;

@@ -27,12 +27,22 @@ pub struct Filter {
 /// A chunk (one page of bits) is copied the first time a lookup reads one of its blocks: a new
 /// connection's first call at a week copied all seven filters whole (7.5 MB, 945 chunks) for the seven
 /// blocks it read, about half of that call's 12 ms (`benches/first-call`). The space is allocated
-/// zeroed when the filter is first read, and pages that no chunk was copied to are never touched.
+/// zeroed when the filter is first read (fresh pages from the system, usually, that stay untouched until
+/// a chunk is copied there).
 enum BitsCopy {
     Unread,
-    Bits { bits: Box<[u8]>, copied: Box<[bool]> },
+    Bits { bits: Box<[u8]>, chunks: Box<[Chunk]> },
     /// Over the budget: read in shared buffers.
     No,
+}
+
+/// One chunk of a filter's copy.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Chunk {
+    NotCopied,
+    Copied,
+    /// Its row did not read as `idempotency.sealed` lists it: its blocks answer "maybe".
+    Unexpected,
 }
 
 thread_local! {
@@ -242,9 +252,9 @@ impl Filter {
         .unwrap_or(true)
     }
 
-    /// The answer from the backend's copy of the bits, its chunk copied on first use (see [`BitsCopy`]);
-    /// None when there is no copy, or the chunk did not read as listed (the caller then reads it in place,
-    /// which answers "maybe" to anything unexpected).
+    /// The answer from the backend's copy of the bits, its chunk copied on first use (see [`BitsCopy`]):
+    /// "maybe" for a chunk that did not read as listed (anything unexpected, as [`Filter::may_hold`] says);
+    /// None when there is no copy.
     ///
     /// # Safety
     /// As for [`Filter::may_hold`].
@@ -256,27 +266,27 @@ impl Filter {
                 COPIED.with(|c| c.set(c.get() + size));
                 BitsCopy::Bits {
                     bits: vec![0u8; size].into_boxed_slice(),
-                    copied: vec![false; self.chunks.len()].into_boxed_slice(),
+                    chunks: vec![Chunk::NotCopied; self.chunks.len()].into_boxed_slice(),
                 }
             } else {
                 BitsCopy::No
             };
         }
-        let BitsCopy::Bits { bits, copied } = &mut *copy else {
+        let BitsCopy::Bits { bits, chunks: state } = &mut *copy else {
             return None;
         };
         let chunk = block / CHUNK_BLOCKS;
         let start = chunk * CHUNK_BLOCKS * BLOCK_BYTES;
         let end = bits.len().min(start + CHUNK_BLOCKS * BLOCK_BYTES);
-        if !*copied.get(chunk)? {
+        if *state.get(chunk)? == Chunk::NotCopied {
             let whole = self.read_chunk(chunks.rel(), chunk, |data| {
                 let (into, from) = (bits.get_mut(start..end), data.get(..end.saturating_sub(start)));
                 into.zip(from).map(|(into, from)| into.copy_from_slice(from)).is_some()
             });
-            if whole != Some(true) {
-                return None;
-            }
-            copied[chunk] = true;
+            state[chunk] = if whole == Some(true) { Chunk::Copied } else { Chunk::Unexpected };
+        }
+        if state[chunk] == Chunk::Unexpected {
+            return Some(true);
         }
         bits.get(block * BLOCK_BYTES..(block + 1) * BLOCK_BYTES).map(|b| block_has(b, hash))
     }

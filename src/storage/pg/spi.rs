@@ -23,8 +23,6 @@ pub struct Stmt {
 thread_local! {
     /// How many `Conn`s are open: the storage's own statements run while one is.
     static OPEN: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
-    /// The session's `jit` while a `Conn` is open (see [`Conn::open`]).
-    static JIT_SAVED: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
     /// Saved plans by statement and, for statements on one partition, the partition's oid.
     static PLANS: RefCell<HashMap<(usize, pg_sys::Oid), pg_sys::SPIPlanPtr>> = RefCell::new(HashMap::new());
 }
@@ -42,13 +40,6 @@ pub enum Snap {
 /// An open SPI connection that runs as the owner of the record table, with `pg_catalog` as the
 /// only search path (see [`AsOwner`]); closed, and the caller's role and search path given back,
 /// when dropped. On an ERROR, PostgreSQL's (sub)transaction abort closes SPI itself.
-///
-/// While one is open, the storage's statements are planned without JIT compilation. At a week of
-/// partitions the estimate of the partition-coverage statement (over `idempotency.partitions`)
-/// passes `jit_above_cost`, and compiling it made the first call of every new connection take
-/// 45 ms instead of 13 on PostgreSQL 15 (`benches/first-call`); none of these statements runs long enough to
-/// win it back. The setting's variable is set and given back directly, not through a GUC nest
-/// level, which would cost every call that runs a statement.
 pub struct Conn {
     _as_owner: AsOwner,
 }
@@ -62,14 +53,7 @@ impl Conn {
         if rc < 0 {
             panic!("SPI_connect failed: {rc}");
         }
-        if OPEN.with(|n| n.replace(n.get() + 1)) == 0 {
-            // SAFETY: the backend's own copy of the `jit` setting, read and written on its only
-            // thread; given back when the last `Conn` closes, or at the transaction's end.
-            unsafe {
-                JIT_SAVED.set(Some(pg_sys::jit_enabled));
-                pg_sys::jit_enabled = false;
-            }
-        }
+        OPEN.with(|n| n.set(n.get() + 1));
         Conn { _as_owner: as_owner }
     }
 
@@ -218,22 +202,11 @@ pub fn in_storage() -> bool {
 /// Transaction end: no `Conn` can be open any more (an ERROR may have skipped a drop).
 pub fn forget_open() {
     OPEN.with(|n| n.set(0));
-    give_jit_back();
-}
-
-/// The session's `jit` as it was when the first open `Conn` was opened.
-fn give_jit_back() {
-    if let Some(saved) = JIT_SAVED.take() {
-        // SAFETY: as in `Conn::open`.
-        unsafe { pg_sys::jit_enabled = saved };
-    }
 }
 
 impl Drop for Conn {
     fn drop(&mut self) {
-        if OPEN.with(|n| n.replace(n.get().saturating_sub(1))) <= 1 {
-            give_jit_back();
-        }
+        OPEN.with(|n| n.set(n.get().saturating_sub(1)));
         // Before the role and search path are given back (the field is dropped after this).
         if !std::thread::panicking() {
             // SAFETY: closes the SPI level `open` pushed; nothing of it is used afterwards (rows
