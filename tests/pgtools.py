@@ -25,12 +25,14 @@ scripts/cluster runs it with the system's python3:
     python3 tests/pgtools.py paths                                       # what pg() found
     python3 tests/pgtools.py install-extension HOST PORT DBNAME          # install_extension() there
 """
+import contextlib
 import functools
 import os
 import pathlib
 import pwd
 import subprocess
 import sys
+import uuid
 
 # Parts of this module kept in files of their own, re-exported here (callers import them from pgtools).
 import fakeclock
@@ -53,6 +55,24 @@ BACKTRACE_ENV = {"RUST_BACKTRACE": "1"}
 # Crash signatures in a server log: a backend or worker that died of a signal, an assertion, a PANIC.
 CRASH_PATTERNS = ("PANIC:", "TRAP:", "terminated by signal", "was terminated by", "server process (PID",
                   "terminating any other active server processes", "all server processes terminated")
+
+@contextlib.contextmanager
+def own_database(cluster, prefix):
+    """A database of the caller's own on `cluster` (anything with `connect(dbname=...)`), with the extension
+    installed and its first partitions made: for tests whose triggers, indexes or sealed partitions must reach
+    no other test. Dropped at the end, whatever its connections."""
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    with cluster.connect(dbname="postgres") as admin:
+        admin.execute(f"CREATE DATABASE {name}")
+    try:
+        with cluster.connect(dbname=name) as c:
+            install_extension(c)
+            c.execute("SELECT FROM idem_maintenance()")
+        yield name
+    finally:
+        with cluster.connect(dbname="postgres") as admin:
+            admin.execute(f"DROP DATABASE {name} WITH (FORCE)")
+
 
 # ---------------------------------------------------------------------------------------------------
 # Ports

@@ -10,7 +10,6 @@ reach the client as PostgreSQL raised it, with nothing written.
 """
 import threading
 import time
-import uuid
 
 import psycopg
 import pytest
@@ -23,17 +22,8 @@ pytestmark = pytest.mark.native_only("direct heap inserts (src/storage/direct.rs
 
 @pytest.fixture
 def db(cluster):
-    name = f"idem_direct_{uuid.uuid4().hex[:8]}"
-    with cluster.connect(dbname="postgres") as admin:
-        admin.execute(f"CREATE DATABASE {name}")
-    try:
-        with cluster.connect(dbname=name) as c:
-            pgtools.install_extension(c)
-            c.execute("SELECT FROM idem_maintenance()")
+    with pgtools.own_database(cluster, "idem_direct") as name:
         yield name
-    finally:
-        with cluster.connect(dbname="postgres") as admin:
-            admin.execute(f"DROP DATABASE {name} WITH (FORCE)")
 
 
 def current_partition(c):

@@ -19,11 +19,13 @@ BATCH = 1_000
 
 @pytest.fixture(scope="module")
 def db(cluster):
-    name = f"idem_chunks_{uuid.uuid4().hex[:8]}"
-    with cluster.connect(dbname="postgres") as admin:
-        admin.execute(f"CREATE DATABASE {name}")
+    with pgtools.own_database(cluster, "idem_chunks") as name:
+        yield sealed_day(cluster, name)
+
+
+def sealed_day(cluster, name):
+    """Yesterday's partition holding KEYS completed keys, sealed with its filter."""
     with cluster.connect(dbname=name) as c:
-        pgtools.install_extension(c)
         c.execute("SELECT idempotency.premake_partitions(now() - interval '1 day')")
         c.execute("""
             INSERT INTO idempotency.records (scope, key, status, attempts, created_at, updated_at)
@@ -35,9 +37,7 @@ def db(cluster):
         c.execute("SELECT FROM idem_maintenance(%s)", (as_of,))
         blocks, chunks = c.execute("SELECT blocks, cardinality(chunks) FROM idempotency.sealed").fetchone()
         assert chunks >= 5 and blocks > 4 * 248, (blocks, chunks)
-    yield name
-    with cluster.connect(dbname="postgres") as admin:
-        admin.execute(f"DROP DATABASE {name} WITH (FORCE)")
+    return name
 
 
 def new_keys(c, keys):

