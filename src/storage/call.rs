@@ -18,6 +18,9 @@ use std::collections::HashMap;
 /// Looks at a key at most this many times when each look finds a write of it that has just committed
 /// (the next look sees it); then 40001. A guard, never reached in the tests.
 const LOOKS: usize = 1_000;
+/// A batch's lookups ask for the filter blocks of the key this many places on (see `Prober::prefetch`):
+/// two keys' blocks in flight, one per sealed partition each, stay within what a core loads at once.
+const PREFETCH_AHEAD: usize = 2;
 
 pub struct Call {
     conn: Conn,
@@ -65,7 +68,7 @@ impl Call {
             // (The prober ends here: it must not keep its pins and snapshot while this call waits.)
             let probe = match lock.held_elsewhere() {
                 Some(holder) => Probe::Busy(Some(holder)),
-                None => self.prober_for(k).find_settled(k.key, &read),
+                None => self.prober_for(k).find_settled(k.key, &lock, &read),
             };
             match probe {
                 Probe::Found(found) => return Some((lock, Some(found))),
@@ -120,8 +123,13 @@ impl Call {
                     deferred::write_key(&self.conn, Key { scope, key });
                 }
                 let mut prober = Prober::open(scope);
-                for &key in sorted {
-                    match prober.find_settled(key, |t| read(key, t)) {
+                for (i, (key, lock)) in locks.iter().enumerate() {
+                    // The filter blocks of a key a few places on are loaded while this one is looked up.
+                    if let Some((_, later)) = locks.get(i + PREFETCH_AHEAD) {
+                        prober.prefetch(later.hash());
+                    }
+                    let key = *key;
+                    match prober.find_settled(key, lock, |t| read(key, t)) {
                         Probe::Found(value) => {
                             found.insert(key, value);
                         }

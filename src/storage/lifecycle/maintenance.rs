@@ -138,7 +138,7 @@ fn reclaim(conn: &Conn, cutoff: pg_sys::TimestampTz) -> i64 {
         // A claim that took the lease over and gave the key's lock back (see `pg::holds`, `pg::unlocked`) is
         // writing the row: left alone too (the DELETE would wait for it, holding the key's lock that claim may want).
         let held = lock.held_elsewhere().is_some();
-        if held || matches!(Prober::open(scope).find_settled(key, |_| ()), Probe::Busy(_)) {
+        if held || matches!(Prober::open(scope).find_settled(key, &lock, |_| ()), Probe::Busy(_)) {
             lock.give_back();
             continue;
         }

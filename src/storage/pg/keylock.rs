@@ -149,6 +149,11 @@ impl KeyLock {
         }
     }
 
+    /// The key's hash ([`hash_key`]).
+    pub fn hash(&self) -> u64 {
+        self.hash
+    }
+
     /// Another running transaction that holds the key without its lock (see `holds`): the caller gives
     /// this lock back and waits for it. Asked before the caller's snapshot.
     pub fn held_elsewhere(&self) -> Option<pg_sys::TransactionId> {

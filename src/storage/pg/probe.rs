@@ -14,7 +14,7 @@
 //! its row version alone, which a later writer of that version meets. A lookup without the key's lock
 //! ([`Prober::find`]) reads as a plan would, predicate locks included.
 use super::catalog;
-use super::keylock;
+use super::keylock::{self, KeyLock};
 use super::latest::{self, Latest};
 use super::layout;
 use super::leaves::{collect_leaves, FUTURE_MARGIN_US};
@@ -64,6 +64,8 @@ pub struct Prober {
     scope_text: String,
     latest: Latest,
     parts: Vec<Part>,
+    /// Some partition has a filter (its lookups need the key's hash).
+    filters: bool,
     /// `idempotency.filter_chunks`, opened at the first read of a filter that has no copy.
     chunks: Chunks,
     /// A dirty snapshot (it sees uncommitted rows), when another transaction may have unfinished writes
@@ -109,7 +111,7 @@ impl Prober {
             collect_leaves(horizon, &mut leaves);
             // Newest first: a duplicate is most likely a recent key.
             leaves.reverse();
-            let parts = leaves
+            let parts: Vec<Part> = leaves
                 .into_iter()
                 .map(|relid| Part {
                     relid,
@@ -124,6 +126,7 @@ impl Prober {
                 scope: scope.into_datum().expect("text datum"),
                 scope_text: scope.to_string(),
                 latest: Latest::take(),
+                filters: parts.iter().any(|p| p.filter.is_some()),
                 parts,
                 chunks: Chunks::new(known.chunks_rel),
                 dirty,
@@ -135,7 +138,7 @@ impl Prober {
     /// has it. What the latest snapshot sees, committed: for reads that take no key lock.
     pub fn find<T>(&mut self, key: &str, read: impl FnOnce(&Tuple) -> T) -> Option<T> {
         let key_datum = key.into_datum().expect("text datum");
-        let i = self.locate(key, key_datum, false)?;
+        let i = self.locate(key, key_datum, false, None)?;
         let part = self.parts[i].open.as_ref().expect("located in an open partition");
         Some(Self::read_found(part, read))
     }
@@ -146,14 +149,14 @@ impl Prober {
     /// the write has just committed, and a new prober will see it), and the caller gives its lock back,
     /// waits for that transaction and looks again. The index reads take no predicate locks; a record found
     /// gets one on its row version (see the module comment).
-    pub fn find_settled<T>(&mut self, key: &str, read: impl FnOnce(&Tuple) -> T) -> Probe<T> {
+    pub fn find_settled<T>(&mut self, key: &str, lock: &KeyLock, read: impl FnOnce(&Tuple) -> T) -> Probe<T> {
         let key_datum = key.into_datum().expect("text datum");
-        match self.locate(key, key_datum, true) {
+        match self.locate(key, key_datum, true, Some(lock.hash())) {
             Some(i) => {
                 let part = self.parts[i].open.as_ref().expect("located in an open partition");
                 if let Some(dirty) = self.dirty.as_deref_mut() {
                     // SAFETY: the slot holds the pinned tuple `locate` found.
-                    if let Err(writer) = unsafe { settled(part.slot, dirty) } {
+                    if let Err(writer) = unsafe { unlocked::settled(part.slot, dirty) } {
                         // SAFETY: the slot is this partition's, holding a tuple.
                         unsafe { pg_sys::ExecClearTuple(part.slot) };
                         return Probe::Busy(writer);
@@ -185,11 +188,25 @@ impl Prober {
         }
     }
 
+    /// Asks the CPU to start loading the filter blocks that a lookup of the key of lock hash `hash` will
+    /// test (one per sealed partition, each a likely cache miss at a week of keys), so that their loads
+    /// overlap each other and whatever runs meanwhile: a batch asks for a later key's while it looks up
+    /// the current one. Reads and changes nothing.
+    pub fn prefetch(&self, hash: u64) {
+        for filter in self.parts.iter().filter_map(|p| p.filter.as_deref()) {
+            filter.prefetch(hash);
+        }
+    }
+
     /// The partition whose slot now holds `key`'s record under the latest snapshot, if any; found by
     /// scans that take no predicate locks when `quiet`.
-    fn locate(&mut self, key: &str, key_datum: pg_sys::Datum, quiet: bool) -> Option<usize> {
-        let mut hash = None;
+    fn locate(&mut self, key: &str, key_datum: pg_sys::Datum, quiet: bool, hash: Option<u64>) -> Option<usize> {
         let scope = self.scope;
+        debug_assert!(hash.is_none_or(|h| h == keylock::hash_key(&self.scope_text, key)), "the key's own hash");
+        let mut hash = hash.or_else(|| self.filters.then(|| keylock::hash_key(&self.scope_text, key)));
+        if let Some(h) = hash {
+            self.prefetch(h);
+        }
         for i in 0..self.parts.len() {
             if let Some(filter) = self.parts[i].filter.clone() {
                 let h = *hash.get_or_insert_with(|| keylock::hash_key(&self.scope_text, key));
@@ -312,31 +329,6 @@ unsafe fn fetch(part: &Partition, scan: pg_sys::IndexScanDesc, scope: pg_sys::Da
             unguarded::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, part.slot)
         })
     }
-}
-
-/// Whether the version a snapshot found is still the key's settled record: Err(Some(xid)) when another
-/// transaction is updating or deleting it, Err(None) when a transaction that committed after the
-/// snapshot did.
-///
-/// # Safety
-/// `slot` is a buffer heap tuple slot holding a pinned tuple.
-unsafe fn settled(slot: *mut pg_sys::TupleTableSlot, dirty: &mut pg_sys::SnapshotData) -> Result<(), Option<pg_sys::TransactionId>> {
-    let slot = slot as *mut pg_sys::BufferHeapTupleTableSlot;
-    let buffer = (*slot).buffer;
-    dirty.xmin = pg_sys::InvalidTransactionId;
-    dirty.xmax = pg_sys::InvalidTransactionId;
-    // Visibility reads (and may set) the tuple's hint bits: under the buffer's share lock, as a scan does.
-    pg_sys::LockBuffer(buffer, pg_sys::BUFFER_LOCK_SHARE as i32);
-    let visible = pg_sys::HeapTupleSatisfiesVisibility((*slot).base.tuple, dirty, buffer);
-    let raw_xmax = (*(*(*slot).base.tuple).t_data).t_choice.t_heap.t_xmax;
-    pg_sys::LockBuffer(buffer, pg_sys::BUFFER_LOCK_UNLOCK as i32);
-    if dirty.xmax != pg_sys::InvalidTransactionId {
-        return Err(Some(dirty.xmax));
-    }
-    if !visible && !pg_sys::TransactionIdIsCurrentTransactionId(raw_xmax) {
-        return Err(None);
-    }
-    Ok(())
 }
 
 impl Part {

@@ -75,3 +75,28 @@ unsafe extern "C-unwind" fn at_transaction_end(event: pg_sys::XactEvent::Type, _
         UNLOCKED_WRITERS.get().fetch_sub(1, Ordering::SeqCst);
     }
 }
+
+/// Whether the version a snapshot found is still the key's settled record: Err(Some(xid)) when another
+/// transaction is updating or deleting it, Err(None) when a transaction that committed after the
+/// snapshot did.
+///
+/// # Safety
+/// `slot` is a buffer heap tuple slot holding a pinned tuple.
+pub unsafe fn settled(slot: *mut pg_sys::TupleTableSlot, dirty: &mut pg_sys::SnapshotData) -> Result<(), Option<pg_sys::TransactionId>> {
+    let slot = slot as *mut pg_sys::BufferHeapTupleTableSlot;
+    let buffer = (*slot).buffer;
+    dirty.xmin = pg_sys::InvalidTransactionId;
+    dirty.xmax = pg_sys::InvalidTransactionId;
+    // Visibility reads (and may set) the tuple's hint bits: under the buffer's share lock, as a scan does.
+    pg_sys::LockBuffer(buffer, pg_sys::BUFFER_LOCK_SHARE as i32);
+    let visible = pg_sys::HeapTupleSatisfiesVisibility((*slot).base.tuple, dirty, buffer);
+    let raw_xmax = (*(*(*slot).base.tuple).t_data).t_choice.t_heap.t_xmax;
+    pg_sys::LockBuffer(buffer, pg_sys::BUFFER_LOCK_UNLOCK as i32);
+    if dirty.xmax != pg_sys::InvalidTransactionId {
+        return Err(Some(dirty.xmax));
+    }
+    if !visible && !pg_sys::TransactionIdIsCurrentTransactionId(raw_xmax) {
+        return Err(None);
+    }
+    Ok(())
+}
