@@ -23,8 +23,14 @@ pub struct Slot {
 struct Header {
     cap: u32,
     limit: u32,
-    counts: [u32; SHARDS],
+    counts: [Count; SHARDS],
 }
+
+/// A shard's count, alone on its cache line: every insert and removal writes it, and every lookup of a
+/// key of its shard reads it ([`shard_empty`]), so that neighbours sharing a line would make each shard's
+/// writes cost the others' readers a cache miss.
+#[repr(C, align(64))]
+struct Count(u32);
 
 static mut REGION: *mut Header = std::ptr::null_mut();
 static mut LOCKS: *mut pg_sys::LWLockPadded = std::ptr::null_mut();
@@ -105,13 +111,13 @@ impl Shard {
             if region.is_null() {
                 return None;
             }
-            let index = (mix(hash, db) % SHARDS as u64) as usize;
+            let index = shard_of(hash, db);
             pg_sys::LWLockAcquire(&raw mut (*LOCKS.add(index)).lock, mode);
             let cap = (*region).cap as usize;
             let first = (region.add(1) as *mut Slot).add(index * cap);
             let table = Slots {
                 slots: std::slice::from_raw_parts_mut(first, cap),
-                count: &mut (*region).counts[index],
+                count: &mut (*region).counts[index].0,
                 limit: (*region).limit,
             };
             Some(Shard { index, table })
@@ -134,8 +140,7 @@ pub fn shard_empty(hash: u64, db: u32) -> bool {
         if region.is_null() {
             return true;
         }
-        let index = (mix(hash, db) % SHARDS as u64) as usize;
-        let count = &raw mut (*region).counts[index];
+        let count = &raw mut (*region).counts[shard_of(hash, db)].0;
         std::sync::atomic::AtomicU32::from_ptr(count).load(std::sync::atomic::Ordering::Relaxed) == 0
     }
 }
@@ -231,6 +236,11 @@ impl Slots<'_> {
         self.slots[i] = Slot::default();
         *self.count -= 1;
     }
+}
+
+/// The shard that holds `(hash, db)`.
+pub fn shard_of(hash: u64, db: u32) -> usize {
+    (mix(hash, db) % SHARDS as u64) as usize
 }
 
 /// Spreads the key hash and the database over shards and slots.

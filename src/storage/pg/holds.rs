@@ -100,11 +100,19 @@ pub fn hold(hash: u64) -> bool {
     true
 }
 
-fn drop_entry(hash: u64, db: u32, xid: pg_sys::TransactionId) {
-    if let Some(mut shard) = Shard::lock(hash, db, pg_sys::LWLockMode::LW_EXCLUSIVE) {
-        if let Ok(i) = shard.table.find(hash, db) {
-            if shard.table.slots[i].xid == xid.into_inner() {
-                shard.table.remove(i);
+/// Drops the entries `(hash, xid)` of database `db` that still name that xid, taking each shard's lock once
+/// for all of its entries (a batch of 1,000 keys leaves about 15 in each of the 64 shards).
+fn drop_entries(db: u32, mut entries: Vec<(u64, pg_sys::TransactionId)>) {
+    entries.sort_unstable_by_key(|&(hash, _)| heldtable::shard_of(hash, db));
+    for run in entries.chunk_by(|a, b| heldtable::shard_of(a.0, db) == heldtable::shard_of(b.0, db)) {
+        let Some(mut shard) = Shard::lock(run[0].0, db, pg_sys::LWLockMode::LW_EXCLUSIVE) else {
+            return;
+        };
+        for &(hash, xid) in run {
+            if let Ok(i) = shard.table.find(hash, db) {
+                if shard.table.slots[i].xid == xid.into_inner() {
+                    shard.table.remove(i);
+                }
             }
         }
     }
@@ -132,16 +140,20 @@ pub fn holder(hash: u64) -> Option<pg_sys::TransactionId> {
 
 /// Drops this transaction's entries that `keep` refuses.
 fn release_all(keep: impl Fn(pg_sys::SubTransactionId) -> bool) {
-    MINE.with_borrow_mut(|keys| {
-        let db = database();
+    let gone = MINE.with_borrow_mut(|keys| {
+        let mut gone = Vec::new();
         keys.retain(|&hash, &mut (sub, xid)| {
             if keep(sub) {
                 return true;
             }
-            drop_entry(hash, db, xid);
+            gone.push((hash, xid));
             false
         });
+        gone
     });
+    if !gone.is_empty() {
+        drop_entries(database(), gone);
+    }
 }
 
 #[pgrx::pg_guard]

@@ -46,7 +46,7 @@ enum Chunk {
 }
 
 thread_local! {
-    /// Bytes of filter copies this backend holds.
+    /// Bytes of filter copies this backend holds (given back when a filter drops).
     static COPIED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
@@ -69,8 +69,9 @@ thread_local! {
 /// Called by [`catalog`]'s relcache callback.
 pub fn forget(what: Invalidated) {
     if let Invalidated::RecordTable = what {
+        // (The copies' bytes are given back as their filters drop: now, or when a lookup still running lets
+        // them go.)
         SEALED.with(|s| s.borrow_mut().take());
-        COPIED.with(|c| c.set(0));
     }
 }
 
@@ -349,6 +350,14 @@ impl Filter {
         }
         pg_sys::ReleaseBuffer(buffer);
         result
+    }
+}
+
+impl Drop for Filter {
+    fn drop(&mut self) {
+        if let BitsCopy::Bits { bits, .. } = self.copy.get_mut() {
+            let _ = COPIED.try_with(|c| c.set(c.get().saturating_sub(bits.len())));
+        }
     }
 }
 
