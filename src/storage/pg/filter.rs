@@ -1,7 +1,8 @@
 //! The membership filter's arithmetic: a split block Bloom filter as Parquet specifies it (32-byte
 //! blocks of eight 32-bit words, one bit set per word by eight fixed salts) over the key lock's 64-bit
 //! hash. Its format is on disk and part of the upgrade contract: see `lifecycle::sealing` for why
-//! filters exist and how they are written, and `pg::sealed` for how claims read them.
+//! filters exist and how they are written, and `pg::sealed` for how claims read them. Also the bits'
+//! place in a backend's memory ([`Bits`]) and the hint that loads a block ahead of its test.
 pub const BLOCK_BYTES: usize = 32;
 /// Blocks per row of `idempotency.filter_chunks`: 7,936 bytes, so that a row fills one 8 kB page.
 pub const CHUNK_BLOCKS: usize = 248;
@@ -43,6 +44,53 @@ pub fn insert(bits: &mut [u8], hash: u64) {
         let v = u32::from_le_bytes((&*word).try_into().expect("4 bytes")) | m;
         word.copy_from_slice(&v.to_le_bytes());
     }
+}
+
+/// The cache line a copy of the bits is aligned on.
+const CACHE_LINE: usize = 64;
+
+/// A filter's bits in a backend's memory, each block inside one cache line (a test then loads one line, not
+/// two): the allocation is a line longer, and the bits start at its first line boundary. Zeroed by the
+/// allocator (calloc: pages fresh from the system stay untouched until written).
+pub struct Bits {
+    raw: Box<[u8]>,
+    at: usize,
+    len: usize,
+}
+
+impl Bits {
+    pub fn zeroed(len: usize) -> Bits {
+        let raw = vec![0u8; len + CACHE_LINE].into_boxed_slice();
+        let at = raw.as_ptr().align_offset(CACHE_LINE).min(CACHE_LINE);
+        Bits { raw, at, len }
+    }
+}
+
+impl std::ops::Deref for Bits {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.raw[self.at..self.at + self.len]
+    }
+}
+
+impl std::ops::DerefMut for Bits {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        &mut self.raw[self.at..self.at + self.len]
+    }
+}
+
+/// A hint to the CPU to load the cache line at `at` (no fault, no effect on what the program computes);
+/// nothing where there is no such instruction.
+#[inline(always)]
+pub fn prefetch_read(at: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch never faults and reads nothing the program sees, whatever the address; SSE is
+    // part of x86_64's baseline.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(at.cast())
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = at;
 }
 
 #[cfg(test)]
@@ -94,6 +142,18 @@ mod tests {
         let rate = maybes as f64 / others.len() as f64;
         assert!(rate < 0.003, "false maybe rate {rate}");
         assert!(rate > 0.0005, "suspiciously few false maybes: {rate}");
+    }
+
+    #[test]
+    fn copies_keep_each_block_in_one_cache_line() {
+        for len in [32, 7_936, 1_875_008] {
+            let mut bits = Bits::zeroed(len);
+            assert_eq!(bits.len(), len);
+            assert_eq!(bits.as_ptr() as usize % CACHE_LINE, 0, "{len} bytes");
+            assert!(bits.iter().all(|b| *b == 0));
+            bits[len - 1] = 1;
+            assert_eq!(bits[len - 1], 1);
+        }
     }
 
     #[test]

@@ -26,10 +26,11 @@ struct Header {
     counts: [Count; SHARDS],
 }
 
-/// A shard's count, alone on its cache line: every insert and removal writes it, and every lookup of a
-/// key of its shard reads it ([`shard_empty`]), so that neighbours sharing a line would make each shard's
-/// writes cost the others' readers a cache miss.
-#[repr(C, align(64))]
+/// A shard's count, alone on its cache line (PostgreSQL's `PG_CACHE_LINE_SIZE`, as its padded LWLocks): every
+/// insert and removal writes it, and every lookup of a key of its shard reads it ([`shard_empty`]), so that
+/// neighbours sharing a line would make each shard's writes cost the others' readers a cache miss. The
+/// region is aligned as much: shared memory is handed out in whole cache lines.
+#[repr(C, align(128))]
 struct Count(u32);
 
 static mut REGION: *mut Header = std::ptr::null_mut();
@@ -83,6 +84,8 @@ unsafe extern "C-unwind" fn set_up_memory() {
     pg_sys::LWLockAcquire(init_lock, pg_sys::LWLockMode::LW_EXCLUSIVE);
     let mut found = false;
     let region = pg_sys::ShmemInitStruct(REGION_NAME.as_ptr(), size, &mut found) as *mut Header;
+    // (ShmemAllocRaw aligns every allocation on PG_CACHE_LINE_SIZE, 128 bytes: what `Count` needs.)
+    debug_assert_eq!(region as usize % std::mem::align_of::<Header>(), 0, "the held keys' region is aligned");
     if !found {
         // All zeroes: no key held.
         std::ptr::write_bytes(region as *mut u8, 0, size);

@@ -19,12 +19,22 @@
 use super::heldtable::{self, Shard, Slot};
 use pgrx::pg_sys;
 use std::cell::RefCell;
-use std::collections::HashMap;
+
+/// A key this transaction holds here.
+#[derive(Clone, Copy)]
+struct Mine {
+    hash: u64,
+    /// The subtransaction that took it.
+    sub: pg_sys::SubTransactionId,
+    /// The xid its entry names.
+    xid: pg_sys::TransactionId,
+}
 
 thread_local! {
-    /// The keys this transaction holds here: the subtransaction that took each, and the xid its entry names.
-    static MINE: RefCell<HashMap<u64, (pg_sys::SubTransactionId, pg_sys::TransactionId)>> =
-        RefCell::new(HashMap::new());
+    /// The keys this transaction holds here, each once ([`hold`] adds a key only when the table has no entry
+    /// of this transaction for it). A list, sorted in place when the entries go, so that the end of a
+    /// transaction allocates nothing.
+    static MINE: RefCell<Vec<Mine>> = const { RefCell::new(Vec::new()) };
 }
 
 /// `_PG_init`: the table's memory and locks when preloading (and `idempotency.held_keys` is not 0), and
@@ -96,21 +106,20 @@ pub fn hold(hash: u64) -> bool {
     drop(shard);
     // SAFETY: reads the current subtransaction's id from the backend's transaction state.
     let sub = unsafe { pg_sys::GetCurrentSubTransactionId() };
-    MINE.with_borrow_mut(|keys| keys.insert(hash, (sub, xid)));
+    MINE.with_borrow_mut(|keys| keys.push(Mine { hash, sub, xid }));
     true
 }
 
-/// Drops the entries `(hash, xid)` of database `db` that still name that xid, taking each shard's lock once
-/// for all of its entries (a batch of 1,000 keys leaves about 15 in each of the 64 shards).
-fn drop_entries(db: u32, mut entries: Vec<(u64, pg_sys::TransactionId)>) {
-    entries.sort_unstable_by_key(|&(hash, _)| heldtable::shard_of(hash, db));
-    for run in entries.chunk_by(|a, b| heldtable::shard_of(a.0, db) == heldtable::shard_of(b.0, db)) {
-        let Some(mut shard) = Shard::lock(run[0].0, db, pg_sys::LWLockMode::LW_EXCLUSIVE) else {
+/// Drops the entries of `gone` (of database `db`, sorted by shard) that still name their xid, taking each
+/// shard's lock once for all of its entries (a batch of 1,000 keys leaves about 15 in each of the 64 shards).
+fn drop_entries(db: u32, gone: &[Mine]) {
+    for run in gone.chunk_by(|a, b| heldtable::shard_of(a.hash, db) == heldtable::shard_of(b.hash, db)) {
+        let Some(mut shard) = Shard::lock(run[0].hash, db, pg_sys::LWLockMode::LW_EXCLUSIVE) else {
             return;
         };
-        for &(hash, xid) in run {
-            if let Ok(i) = shard.table.find(hash, db) {
-                if shard.table.slots[i].xid == xid.into_inner() {
+        for mine in run {
+            if let Ok(i) = shard.table.find(mine.hash, db) {
+                if shard.table.slots[i].xid == mine.xid.into_inner() {
                     shard.table.remove(i);
                 }
             }
@@ -140,20 +149,14 @@ pub fn holder(hash: u64) -> Option<pg_sys::TransactionId> {
 
 /// Drops this transaction's entries that `keep` refuses.
 fn release_all(keep: impl Fn(pg_sys::SubTransactionId) -> bool) {
-    let gone = MINE.with_borrow_mut(|keys| {
-        let mut gone = Vec::new();
-        keys.retain(|&hash, &mut (sub, xid)| {
-            if keep(sub) {
-                return true;
-            }
-            gone.push((hash, xid));
-            false
-        });
-        gone
+    MINE.with_borrow_mut(|keys| {
+        let db = database();
+        // Those that go first, by shard (sort_unstable and drain work in place: nothing is allocated here).
+        keys.sort_unstable_by_key(|m| (keep(m.sub), heldtable::shard_of(m.hash, db)));
+        let gone = keys.iter().take_while(|m| !keep(m.sub)).count();
+        drop_entries(db, &keys[..gone]);
+        keys.drain(..gone);
     });
-    if !gone.is_empty() {
-        drop_entries(database(), gone);
-    }
 }
 
 #[pgrx::pg_guard]
@@ -183,8 +186,8 @@ unsafe extern "C-unwind" fn at_subtransaction_end(
         // Its keys go with it, as its key locks do.
         SUBXACT_EVENT_ABORT_SUB => release_all(|made_in| made_in != sub),
         SUBXACT_EVENT_COMMIT_SUB => MINE.with_borrow_mut(|keys| {
-            for (made_in, _) in keys.values_mut().filter(|(made_in, _)| *made_in == sub) {
-                *made_in = parent;
+            for mine in keys.iter_mut().filter(|m| m.sub == sub) {
+                mine.sub = parent;
             }
         }),
         _ => {}

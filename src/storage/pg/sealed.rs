@@ -4,7 +4,7 @@
 //! shared buffer of their `idempotency.filter_chunks` row. Filters are written by
 //! `lifecycle::sealing`; their arithmetic is `filter`.
 use super::catalog::{self, Invalidated};
-use super::filter::{block_has, block_of, BLOCK_BYTES, CHUNK_BLOCKS};
+use super::filter::{block_has, block_of, prefetch_read, Bits, BLOCK_BYTES, CHUNK_BLOCKS};
 use crate::gucs;
 use pgrx::pg_sys;
 use std::cell::RefCell;
@@ -31,7 +31,7 @@ pub struct Filter {
 /// a chunk is copied there).
 enum BitsCopy {
     Unread,
-    Bits { bits: Box<[u8]>, chunks: Box<[Chunk]> },
+    Bits { bits: Bits, chunks: Box<[Chunk]> },
     /// Over the budget: read in shared buffers.
     No,
 }
@@ -285,7 +285,7 @@ impl Filter {
             *copy = if COPIED.with(|c| c.get() + size <= gucs::filter_cache()) {
                 COPIED.with(|c| c.set(c.get() + size));
                 BitsCopy::Bits {
-                    bits: vec![0u8; size].into_boxed_slice(),
+                    bits: Bits::zeroed(size),
                     chunks: vec![Chunk::NotCopied; self.chunks.len()].into_boxed_slice(),
                 }
             } else {
@@ -359,18 +359,4 @@ impl Drop for Filter {
             let _ = COPIED.try_with(|c| c.set(c.get().saturating_sub(bits.len())));
         }
     }
-}
-
-/// A hint to the CPU to load the cache line at `at` (no fault, no effect on what the program computes);
-/// nothing where there is no such instruction.
-#[inline(always)]
-fn prefetch_read(at: *const u8) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch never faults and reads nothing the program sees, whatever the address; SSE is
-    // part of x86_64's baseline.
-    unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(at.cast())
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = at;
 }
