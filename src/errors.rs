@@ -52,6 +52,16 @@ pub fn partition_not_indexed(partition: &str) -> ! {
     )
 }
 
+/// 55000: a function whose SQL definition answers other columns than this library's code (a library
+/// of another version than the installed extension's, before `ALTER EXTENSION idempotency UPDATE`).
+pub fn definition_mismatch(function: &str) -> ! {
+    raise(
+        Code::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+        format!("idempotency: the SQL definition of function {function} does not match the installed library"),
+        Some("Make the installed extension the library's version: ALTER EXTENSION idempotency UPDATE;"),
+    )
+}
+
 /// 22004: a required argument is NULL.
 pub fn null_argument(name: &str) -> ! {
     raise(Code::ERRCODE_NULL_VALUE_NOT_ALLOWED, format!("idempotency: {name} must not be NULL"), None)

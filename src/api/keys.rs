@@ -3,7 +3,7 @@
 //! They check their arguments, then hand over to `storage`, which runs as the extension's owner
 //! with `pg_catalog` as the only search path (see the storage's `spi::Conn`): consumers need no
 //! privilege on the storage tables, and no caller's schema can shadow what the storage runs.
-use super::args;
+use super::{args, one_row};
 use crate::storage::{self, Document};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -27,7 +27,7 @@ fn idem_claim(
     scope: default!(Option<&str>, "'default'"),
     fingerprint: default!(Option<&str>, "NULL"),
     wait: default!(Option<bool>, "true"),
-) -> TableIterator<
+) -> one_row::TableIterator<
     'static,
     (
         name!(outcome, String),
@@ -43,7 +43,7 @@ fn idem_claim(
     let fingerprint = args::fingerprint(fingerprint);
     let wait = args::required("wait", wait);
     let c = storage::claim(k, ttl, fingerprint, wait);
-    TableIterator::once((
+    one_row::TableIterator::once((
         c.outcome.as_str().to_string(),
         c.token,
         c.attempts,

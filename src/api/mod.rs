@@ -15,4 +15,5 @@ mod keys;
 mod maintenance;
 mod observe;
 mod offsets;
+mod one_row;
 mod partitions;

@@ -182,3 +182,28 @@ SELECT outcome FROM idem_claim('sp-5');
 SELECT idem_fail('sp-5', '"boom"');
 SELECT idem_complete('sp-5', '"e"');
 ROLLBACK;
+
+-- idem_claim answers one row however it is called: in FROM, in the select list, as a whole row, once per
+-- row of another relation (the native edition returns it without the set-returning protocol: src/api/one_row.rs).
+SELECT outcome, token IS NOT NULL AS has_token, attempts, payload FROM idem_claim('form-1');
+SELECT (idem_claim('form-1')).outcome;
+SELECT (c).outcome, (c).token IS NOT NULL AS has_token FROM (SELECT idem_claim('form-2') AS c) s;
+SELECT row_to_json(c)::jsonb - 'expires_at' - 'token' AS claim FROM idem_claim('form-3') c;
+SELECT array_agg(k ORDER BY k) AS columns
+FROM (SELECT row_to_json(idem_claim('form-4')) AS j) s, json_object_keys(s.j) k;
+SELECT g, (idem_claim('form-5-' || g)).outcome FROM generate_series(1, 3) g;
+SELECT g, c.outcome, c.attempts FROM generate_series(1, 3) g, LATERAL idem_claim('form-6-' || g) c ORDER BY g;
+SELECT count(*) AS claims, count(DISTINCT (c).token) AS tokens
+FROM (SELECT idem_claim('form-7-' || g) AS c FROM generate_series(1, 200) g) s;
+\set VERBOSITY terse
+DO $$
+DECLARE r record;
+BEGIN
+    SELECT * INTO r FROM idem_claim('form-8');
+    RAISE NOTICE 'first: %', r.outcome;
+    PERFORM idem_complete('form-8', '"done"');
+    SELECT * INTO r FROM idem_claim('form-8');
+    RAISE NOTICE 'again: % %', r.outcome, r.payload;
+END
+$$;
+\set VERBOSITY sqlstate

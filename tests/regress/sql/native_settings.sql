@@ -100,3 +100,17 @@ SELECT * FROM idempotency.stats;
 SELECT idem_stats_reset() IS NOT NULL AS reset;
 \set VERBOSITY sqlstate
 DROP ROLE idem_plain;
+
+-- A library whose SQL definition is another version's (before ALTER EXTENSION UPDATE): idem_claim's code
+-- checks the declared columns before it forms its row, and raises 55000 rather than a row of another shape.
+-- Nothing is written.
+CREATE FUNCTION old_claim(text, interval, text, text, boolean) RETURNS TABLE (outcome text)
+    AS '$libdir/idempotency', 'idem_claim_wrapper' LANGUAGE c;
+CREATE FUNCTION other_claim(text, interval, text, text, boolean)
+    RETURNS TABLE (outcome text, token integer, attempts integer, payload jsonb, expires_at timestamptz)
+    AS '$libdir/idempotency', 'idem_claim_wrapper' LANGUAGE c;
+SELECT * FROM old_claim('old-1', NULL, 'default', NULL, true);
+SELECT * FROM other_claim('old-2', NULL, 'default', NULL, true);
+SELECT count(*) AS written FROM idem_status('old-1');
+SELECT count(*) AS written FROM idem_status('old-2');
+DROP FUNCTION old_claim, other_claim;
