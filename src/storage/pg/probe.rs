@@ -64,8 +64,6 @@ pub struct Prober {
     scope_text: String,
     latest: Latest,
     parts: Vec<Part>,
-    /// Some partition has a filter (its lookups need the key's hash).
-    filters: bool,
     /// `idempotency.filter_chunks`, opened at the first read of a filter that has no copy.
     chunks: Chunks,
     /// A dirty snapshot (it sees uncommitted rows), when another transaction may have unfinished writes
@@ -126,7 +124,6 @@ impl Prober {
                 scope: scope.into_datum().expect("text datum"),
                 scope_text: scope.to_string(),
                 latest: Latest::take(),
-                filters: parts.iter().any(|p| p.filter.is_some()),
                 parts,
                 chunks: Chunks::new(known.chunks_rel),
                 dirty,
@@ -203,13 +200,22 @@ impl Prober {
     fn locate(&mut self, key: &str, key_datum: pg_sys::Datum, quiet: bool, hash: Option<u64>) -> Option<usize> {
         let scope = self.scope;
         debug_assert!(hash.is_none_or(|h| h == keylock::hash_key(&self.scope_text, key)), "the key's own hash");
-        let mut hash = hash.or_else(|| self.filters.then(|| keylock::hash_key(&self.scope_text, key)));
+        // A hash given (the key lock's) starts every filter's block loading at once; otherwise the key is
+        // hashed at the first filtered partition, so a key found before it costs no hash.
+        let mut hash = hash;
         if let Some(h) = hash {
             self.prefetch(h);
         }
         for i in 0..self.parts.len() {
             if let Some(filter) = self.parts[i].filter.clone() {
-                let h = *hash.get_or_insert_with(|| keylock::hash_key(&self.scope_text, key));
+                let h = match hash {
+                    Some(h) => h,
+                    None => {
+                        let h = keylock::hash_key(&self.scope_text, key);
+                        self.prefetch(h);
+                        *hash.insert(h)
+                    }
+                };
                 // SAFETY: inside the caller's transaction; `chunks` is closed in `drop`.
                 let maybe = unsafe { filter.may_hold(&mut self.chunks, h) };
                 if !maybe {
