@@ -62,6 +62,16 @@ pub fn definition_mismatch(function: &str) -> ! {
     )
 }
 
+/// 0A000, PostgreSQL's own error for a set-returning function called where no set is taken (a C caller
+/// without a ReturnSetInfo that allows materialize mode); SQL always calls with one.
+pub fn no_set_accepted() -> ! {
+    raise(
+        Code::ERRCODE_FEATURE_NOT_SUPPORTED,
+        "set-valued function called in context that cannot accept a set".to_string(),
+        None,
+    )
+}
+
 /// 22004: a required argument is NULL.
 pub fn null_argument(name: &str) -> ! {
     raise(Code::ERRCODE_NULL_VALUE_NOT_ALLOWED, format!("idempotency: {name} must not be NULL"), None)

@@ -184,7 +184,7 @@ SELECT idem_complete('sp-5', '"e"');
 ROLLBACK;
 
 -- idem_claim answers one row however it is called: in FROM, in the select list, as a whole row, once per
--- row of another relation (the native edition returns it without the set-returning protocol: src/api/one_row.rs).
+-- row of another relation (the native edition answers it in materialize mode: src/api/one_row.rs).
 SELECT outcome, token IS NOT NULL AS has_token, attempts, payload FROM idem_claim('form-1');
 SELECT (idem_claim('form-1')).outcome;
 SELECT (c).outcome, (c).token IS NOT NULL AS has_token FROM (SELECT idem_claim('form-2') AS c) s;
@@ -195,6 +195,11 @@ SELECT g, (idem_claim('form-5-' || g)).outcome FROM generate_series(1, 3) g;
 SELECT g, c.outcome, c.attempts FROM generate_series(1, 3) g, LATERAL idem_claim('form-6-' || g) c ORDER BY g;
 SELECT count(*) AS claims, count(DISTINCT (c).token) AS tokens
 FROM (SELECT idem_claim('form-7-' || g) AS c FROM generate_series(1, 200) g) s;
+-- Beside another set-returning function in the select list the claim is made once: its row, then NULLs.
+BEGIN;
+SELECT (c).outcome, g FROM (SELECT idem_claim('form-9') AS c, generate_series(1, 3) AS g) s;
+SELECT status, attempts FROM idem_status('form-9');
+COMMIT;
 \set VERBOSITY terse
 DO $$
 DECLARE r record;

@@ -103,7 +103,8 @@ DROP ROLE idem_plain;
 
 -- A library whose SQL definition is another version's (before ALTER EXTENSION UPDATE): idem_claim's code
 -- checks the declared columns before it forms its row, and raises 55000 rather than a row of another shape.
--- Nothing is written.
+-- The check comes before the call's work: nothing is written, and no fencing token is drawn.
+SELECT token AS token_before FROM idem_claim('old-0') \gset
 CREATE FUNCTION old_claim(text, interval, text, text, boolean) RETURNS TABLE (outcome text)
     AS '$libdir/idempotency', 'idem_claim_wrapper' LANGUAGE c;
 CREATE FUNCTION other_claim(text, interval, text, text, boolean)
@@ -113,4 +114,5 @@ SELECT * FROM old_claim('old-1', NULL, 'default', NULL, true);
 SELECT * FROM other_claim('old-2', NULL, 'default', NULL, true);
 SELECT count(*) AS written FROM idem_status('old-1');
 SELECT count(*) AS written FROM idem_status('old-2');
+SELECT token - :token_before AS tokens_drawn_since FROM idem_claim('old-3');
 DROP FUNCTION old_claim, other_claim;
