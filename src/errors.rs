@@ -63,11 +63,21 @@ pub fn definition_mismatch(function: &str) -> ! {
 }
 
 /// 0A000, PostgreSQL's own error for a set-returning function called where no set is taken (a C caller
-/// without a ReturnSetInfo that allows materialize mode); SQL always calls with one.
+/// without a ReturnSetInfo); SQL always calls with one.
 pub fn no_set_accepted() -> ! {
     raise(
         Code::ERRCODE_FEATURE_NOT_SUPPORTED,
         "set-valued function called in context that cannot accept a set".to_string(),
+        None,
+    )
+}
+
+/// 0A000, PostgreSQL's own error for a caller whose ReturnSetInfo does not take a tuplestore; both of
+/// the executor's callers of set-returning functions take one.
+pub fn no_materialize() -> ! {
+    raise(
+        Code::ERRCODE_FEATURE_NOT_SUPPORTED,
+        "materialize mode required, but it is not allowed in this context".to_string(),
         None,
     )
 }

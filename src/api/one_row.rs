@@ -62,7 +62,8 @@ thread_local! {
 }
 
 /// The blessed descriptor of the called function's result, built and checked at its first call in
-/// this backend; 55000 when the function's declared result is not an anonymous row of `Row`'s types.
+/// this backend; 55000 when the function's declared result is not a set of anonymous rows of `Row`'s
+/// types.
 ///
 /// # Safety
 /// `fcinfo` is the valid call information of the function being called.
@@ -80,7 +81,10 @@ unsafe fn descriptor<Row: Columns>(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::
     let class = unsafe { pg_sys::get_call_result_type(fcinfo, std::ptr::null_mut(), &mut declared) };
     let expected = Row::types();
     // Only an anonymous row (RETURNS TABLE): a named composite type can change under the same OID.
-    let matches = class == pg_sys::TypeFuncClass::TYPEFUNC_COMPOSITE
+    // SAFETY: as above.
+    let returns_set = unsafe { (*(*fcinfo).flinfo).fn_retset };
+    let matches = returns_set
+        && class == pg_sys::TypeFuncClass::TYPEFUNC_COMPOSITE
         && !declared.is_null()
         && {
             // SAFETY: a composite result comes with a valid descriptor; this view does not free it.
@@ -116,7 +120,7 @@ unsafe fn materialize_into(fcinfo: pg_sys::FunctionCallInfo) -> *mut pg_sys::Ret
         }
         let rsinfo = info.cast::<pg_sys::ReturnSetInfo>();
         if (*rsinfo).allowedModes & pg_sys::SetFunctionReturnMode::SFRM_Materialize as i32 == 0 {
-            errors::no_set_accepted();
+            errors::no_materialize();
         }
         rsinfo
     }

@@ -110,9 +110,13 @@ CREATE FUNCTION old_claim(text, interval, text, text, boolean) RETURNS TABLE (ou
 CREATE FUNCTION other_claim(text, interval, text, text, boolean)
     RETURNS TABLE (outcome text, token integer, attempts integer, payload jsonb, expires_at timestamptz)
     AS '$libdir/idempotency', 'idem_claim_wrapper' LANGUAGE c;
+CREATE FUNCTION one_claim(text, interval, text, text, boolean, OUT outcome text, OUT token bigint,
+    OUT attempts integer, OUT payload jsonb, OUT expires_at timestamptz)
+    AS '$libdir/idempotency', 'idem_claim_wrapper' LANGUAGE c;
 SELECT * FROM old_claim('old-1', NULL, 'default', NULL, true);
 SELECT * FROM other_claim('old-2', NULL, 'default', NULL, true);
+SELECT * FROM one_claim('old-4', NULL, 'default', NULL, true);
 SELECT count(*) AS written FROM idem_status('old-1');
 SELECT count(*) AS written FROM idem_status('old-2');
 SELECT token - :token_before AS tokens_drawn_since FROM idem_claim('old-3');
-DROP FUNCTION old_claim, other_claim;
+DROP FUNCTION old_claim, other_claim, one_claim;
