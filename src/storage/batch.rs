@@ -17,7 +17,7 @@ use super::settle::check_held;
 use crate::stats::Counter;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
-use std::collections::{HashMap, HashSet};
+use std::ops::Range;
 
 // Rows this transaction wrote and still holds, by ctid (see `complete_own`), in their partition.
 static COMPLETE_BY_CTID: Stmt = Stmt {
@@ -35,20 +35,37 @@ static COMPLETE_MANY: Stmt = Stmt {
     args: &[pg_sys::TEXTOID, pg_sys::TEXTARRAYOID, pg_sys::JSONBARRAYOID, pg_sys::TEXTARRAYOID],
 };
 
-/// The distinct keys of a batch, sorted, in the groups it takes at a time, and whether each group's locks
-/// are given back once its rows are written: one group kept until the transaction ends when the
+/// The keys of a batch: the distinct ones, sorted, and the place of each input key among them, by which a
+/// batch keeps what it learns of each key (no key is hashed for that).
+struct Distinct<'a> {
+    keys: Vec<&'a str>,
+    place: Vec<usize>,
+}
+
+fn distinct<'a>(keys: &[&'a str]) -> Distinct<'a> {
+    let mut order: Vec<usize> = (0..keys.len()).collect();
+    order.sort_unstable_by_key(|&i| keys[i]);
+    let mut distinct = Distinct { keys: Vec::with_capacity(keys.len()), place: vec![0; keys.len()] };
+    for i in order {
+        if distinct.keys.last() != Some(&keys[i]) {
+            distinct.keys.push(keys[i]);
+        }
+        distinct.place[i] = distinct.keys.len() - 1;
+    }
+    distinct
+}
+
+/// The groups of a batch's distinct keys it takes at a time (ranges of `distinct`), and whether each group's
+/// locks are given back once its rows are written: one group kept until the transaction ends when the
 /// transaction may keep that many key locks (see `keylock::budget`); else groups of what is left of the budget, so that a
 /// batch of any size holds a bounded number of lock-table entries.
-fn groups<'a>(keys: &[&'a str]) -> (Vec<Vec<&'a str>>, bool) {
-    let mut distinct = keys.to_vec();
-    distinct.sort_unstable();
-    distinct.dedup();
+fn groups(distinct: &[&str]) -> (Vec<Range<usize>>, bool) {
     if keylock::may_keep(distinct.len()) {
-        return (vec![distinct], false);
+        return (vec![Range { start: 0, end: distinct.len() }], false);
     }
     let size = keylock::room();
     keylock::give_back_from_now_on();
-    (distinct.chunks(size).map(<[&str]>::to_vec).collect(), true)
+    ((0..distinct.len()).step_by(size).map(|at| at..distinct.len().min(at + size)).collect(), true)
 }
 
 /// Claims several keys of one scope in one go. Returns one claim per input key, in input
@@ -57,18 +74,20 @@ fn groups<'a>(keys: &[&'a str]) -> (Vec<Vec<&'a str>>, bool) {
 pub fn claim_batch(scope: &str, keys: &[&str], ttl: Interval) -> Vec<Claim> {
     Call::run(scope, |call| {
         partitions::ensure_covered(call.conn(), xact::start_time());
-        let (groups, _) = groups(keys);
-        let mut answers: HashMap<&str, Claim> = HashMap::with_capacity(keys.len());
-        for group in &groups {
-            let (locks, mut found) =
-                call.lock_and_find_all(scope, group, |key, t| Record::from_tuple(t, Key { scope, key }));
-            let missing = group.iter().filter(|key| !found.contains_key(*key)).count();
+        let batch = distinct(keys);
+        let (groups, _) = groups(&batch.keys);
+        // Each distinct key's answer, in their order.
+        let mut answers: Vec<Claim> = Vec::with_capacity(batch.keys.len());
+        for group in groups {
+            let (locks, found) =
+                call.lock_and_find_all(scope, &batch.keys[group], |key, t| Record::from_tuple(t, Key { scope, key }));
+            let missing = found.iter().filter(|rec| rec.is_none()).count();
             // As a single claim: each new key's row is written once its fate is known (see `deferred`),
             // while the transaction keeps the locks.
             let target = (missing > 0).then(|| partitions::insert_target(call.conn(), xact::start_time()));
-            for (key, lock) in locks {
+            for ((key, lock), rec) in locks.into_iter().zip(found) {
                 let k = Key { scope, key };
-                let claim = match found.remove(key) {
+                let claim = match rec {
                     Some(rec) => claim_existing(call, k, rec, ttl, None, Some(lock)),
                     None => {
                         let (partition, created_at) = target.expect("an insert target");
@@ -79,16 +98,17 @@ pub fn claim_batch(scope: &str, keys: &[&str], ttl: Interval) -> Vec<Claim> {
                         Claim::claimed(Some(token), Some(1), Some(expires_at))
                     }
                 };
-                answers.insert(key, claim);
+                answers.push(claim);
             }
             call.add(Counter::ClaimedNew, missing as u64);
         }
         call.add(Counter::Claims, keys.len() as u64);
-        let mut seen = HashSet::with_capacity(answers.len());
-        keys.iter()
-            .map(|key| {
-                let first = answers.get(key).expect("every key answered");
-                let repeated = !seen.insert(*key);
+        let mut seen = vec![false; answers.len()];
+        batch.place
+            .iter()
+            .map(|&at| {
+                let first = &answers[at];
+                let repeated = std::mem::replace(&mut seen[at], true);
                 let claim = first.copy(repeated);
                 if repeated {
                     count_answer(call, claim.outcome);
@@ -117,20 +137,23 @@ pub fn complete_batch(scope: &str, keys: &[&str], payloads: Option<&Documents>, 
                 return done;
             }
         }
-        let (groups, give_back) = groups(keys);
+        let batch = distinct(keys);
+        let (groups, give_back) = groups(&batch.keys);
         let mut done = 0;
-        for group in &groups {
+        for group in groups {
             let (locks, mut found) =
-                call.lock_and_find_all(scope, group, |key, t| Record::from_tuple(t, Key { scope, key }));
-            for (key, token) in keys.iter().zip(tokens).filter(|(key, _)| group.binary_search(key).is_ok()) {
-                let rec = found.remove(*key);
+                call.lock_and_find_all(scope, &batch.keys[group.clone()], |key, t| Record::from_tuple(t, Key { scope, key }));
+            let input = keys.iter().zip(tokens).zip(&batch.place);
+            for ((key, token), at) in input.filter(|(_, at)| group.contains(at)) {
+                // (A key's second occurrence finds nothing left: its first took the record.)
+                let rec = found[at - group.start].take();
                 if rec.is_none() {
                     call.lock_absence(Key { scope, key });
                 }
                 check_held(Key { scope, key }, rec, *token);
             }
             // (An ERROR of a later group undoes what the earlier ones wrote, with the statement.)
-            let only = give_back.then(|| arg(group.clone()));
+            let only = give_back.then(|| arg(batch.keys[group].to_vec()));
             let args = [arg(scope), arg(keys.to_vec()), payloads, only.flatten()];
             done += call.conn().run(&COMPLETE_MANY, &args, Snap::Statement).len();
             for (_, lock) in locks {
@@ -185,49 +208,54 @@ fn complete_own(
 pub fn once_batch(scope: &str, keys: &[&str]) -> Vec<String> {
     Call::run(scope, |call| {
         partitions::ensure_covered(call.conn(), xact::start_time());
-        let (groups, _) = groups(keys);
-        let mut fresh = HashSet::new();
-        let mut seen = HashMap::new();
-        for group in &groups {
-            let (locks, found) = call.lock_and_find_all(scope, group, |_, t| once_answer(t));
+        let batch = distinct(keys);
+        let (groups, _) = groups(&batch.keys);
+        // Each distinct key's answer when it was seen before, and whether it is new here.
+        let mut seen: Vec<Option<Outcome>> = vec![None; batch.keys.len()];
+        let mut fresh = vec![false; batch.keys.len()];
+        for group in groups {
+            let (locks, found) = call.lock_and_find_all(scope, &batch.keys[group.clone()], |_, t| once_answer(t));
             let mut new = Vec::new();
-            for (key, lock) in locks {
-                match found.get(key) {
-                    Some(&(xmin, answer)) => {
+            for (((key, lock), found), at) in locks.into_iter().zip(found).zip(group) {
+                match found {
+                    Some((xmin, answer)) => {
                         check_visible(Key { scope, key }, xmin);
-                        seen.insert(key, answer);
+                        seen[at] = Some(answer);
                         lock.release_if_only_read();
                     }
-                    None => new.push((key, lock)),
+                    None => new.push((at, key, lock)),
                 }
             }
             if !new.is_empty() {
                 let (partition, created_at) = partitions::insert_target(call.conn(), xact::start_time());
-                let rows: Vec<_> = new.iter().map(|(key, _)| once_row(scope, key, created_at)).collect();
+                let rows: Vec<_> = new.iter().map(|(_, key, _)| once_row(scope, key, created_at)).collect();
                 writer::insert_all(call.conn(), partition, &rows);
-                for (key, lock) in new {
+                for (at, _, lock) in new {
                     lock.written();
-                    fresh.insert(key);
+                    fresh[at] = true;
                 }
             }
         }
         if crate::stats::enabled() {
-            count_once_answers(call, keys, &seen, fresh.len());
+            count_once_answers(call, &batch.place, &seen);
         }
-        let mut emitted = HashSet::with_capacity(fresh.len());
-        keys.iter().filter(|k| fresh.contains(*k) && emitted.insert(**k)).map(|k| k.to_string()).collect()
+        // Each new key once, at its first occurrence.
+        let input = keys.iter().zip(&batch.place);
+        input.filter(|(_, &at)| std::mem::take(&mut fresh[at])).map(|(k, _)| k.to_string()).collect()
     })
 }
 
-fn count_once_answers(call: &mut Call, keys: &[&str], seen: &HashMap<&str, Outcome>, fresh: usize) {
-    call.add(Counter::Claims, keys.len() as u64);
+/// Counts the answers of a batch's keys, by their places among its distinct keys, and what each distinct
+/// key was seen as before (None: new).
+fn count_once_answers(call: &mut Call, place: &[usize], seen: &[Option<Outcome>]) {
+    call.add(Counter::Claims, place.len() as u64);
     // Each occurrence of a known key gets its record's answer; a new key is claimed by its first
-        // occurrence, and its repeats in the batch are its duplicates.
-    let mut firsts = HashSet::with_capacity(fresh);
-    for key in keys {
-        match seen.get(key) {
-            Some(&answer) => count_answer(call, answer),
-            None if firsts.insert(*key) => call.count(Counter::ClaimedNew),
+    // occurrence, and its repeats in the batch are its duplicates.
+    let mut first = vec![true; seen.len()];
+    for &at in place {
+        match seen[at] {
+            Some(answer) => count_answer(call, answer),
+            None if std::mem::take(&mut first[at]) => call.count(Counter::ClaimedNew),
             None => call.count(Counter::AnsweredCompleted),
         }
     }

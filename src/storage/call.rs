@@ -13,7 +13,6 @@ use super::pg::xact;
 use super::record::{Key, Record};
 use crate::errors;
 use crate::stats::{self, Counter, Tally};
-use std::collections::HashMap;
 
 /// Looks at a key at most this many times when each look finds a write of it that has just committed
 /// (the next look sees it); then 40001. A guard, never reached in the tests.
@@ -102,19 +101,20 @@ impl Call {
     }
 
     /// [`Call::lock_and_find`] of several distinct keys of one scope, sorted (so that two batches never
-    /// deadlock on each other): their locks, in that order, and what `read` made of the records found.
+    /// deadlock on each other): their locks, in that order, and what `read` made of each key's record, in the same
+    /// order (None: missing).
     pub fn lock_and_find_all<'a, T>(
         &self,
         scope: &str,
         sorted: &[&'a str],
         read: impl Fn(&'a str, &Tuple) -> T,
-    ) -> (Vec<(&'a str, KeyLock)>, HashMap<&'a str, T>) {
+    ) -> (Vec<(&'a str, KeyLock)>, Vec<Option<T>>) {
         for _ in 0..LOOKS {
             let locks: Vec<(&str, KeyLock)> = sorted
                 .iter()
                 .map(|&key| (key, keylock::lock_key(scope, key, true).expect("waited for the lock")))
                 .collect();
-            let mut found = HashMap::with_capacity(sorted.len());
+            let mut found = Vec::with_capacity(sorted.len());
             // Another transaction holding one of the keys without its lock counts as writing it.
             let mut busy = locks.iter().find_map(|(_, lock)| lock.held_elsewhere()).map(Some);
             if busy.is_none() {
@@ -130,10 +130,8 @@ impl Call {
                     }
                     let key = *key;
                     match prober.find_settled(key, lock, |t| read(key, t)) {
-                        Probe::Found(value) => {
-                            found.insert(key, value);
-                        }
-                        Probe::Missing => {}
+                        Probe::Found(value) => found.push(Some(value)),
+                        Probe::Missing => found.push(None),
                         Probe::Busy(writer) => {
                             busy = Some(writer);
                             break;
