@@ -16,7 +16,13 @@ pub fn ident<'a>(name: &str, value: Option<&'a str>) -> &'a str {
     if value.len() > limit {
         errors::too_large(name, value.len(), limit, "idempotency.max_key_bytes");
     }
-    if value.chars().any(char::is_control) {
+    // (An ASCII string, the usual key, is checked a byte at a time: its control characters are the bytes below
+    // 0x20 and 0x7f.)
+    let control = match value.is_ascii() {
+        true => value.bytes().any(|b| b < 0x20 || b == 0x7f),
+        false => value.chars().any(char::is_control),
+    };
+    if control {
         errors::invalid(format!("{name} must not contain control characters"));
     }
     value

@@ -47,8 +47,7 @@ thread_local! {
 }
 
 fn subtransaction() -> pg_sys::SubTransactionId {
-    // SAFETY: reads the current subtransaction's id from the backend's transaction state.
-    unsafe { pg_sys::GetCurrentSubTransactionId() }
+    xact::subtransaction()
 }
 
 fn id(k: Key) -> (String, String) {

@@ -63,9 +63,8 @@ fn database() -> u32 {
 /// (`XactLockTableWait` follows a committed subtransaction up to its parent).
 pub fn hold(hash: u64) -> bool {
     let db = database();
-    // SAFETY: inside a transaction that writes (it holds a key's lock to write it): assigns its xid (and
-    // its parents') if it has none yet, as its first write would.
-    let xid = unsafe { pg_sys::GetCurrentTransactionId() };
+    // (Inside a transaction that writes: it holds a key's lock to write it.)
+    let xid = super::xact::xid();
     let Some(mut shard) = Shard::lock(hash, db, pg_sys::LWLockMode::LW_EXCLUSIVE) else {
         return false;
     };
@@ -104,8 +103,7 @@ pub fn hold(hash: u64) -> bool {
         }
     }
     drop(shard);
-    // SAFETY: reads the current subtransaction's id from the backend's transaction state.
-    let sub = unsafe { pg_sys::GetCurrentSubTransactionId() };
+    let sub = super::xact::subtransaction();
     MINE.with_borrow_mut(|keys| keys.push(Mine { hash, sub, xid }));
     true
 }

@@ -42,13 +42,24 @@ const KEY_HASH_SEED: u64 = 18756;
 const SEPARATOR: u8 = 0x1f;
 
 pub fn hash_key(scope: &str, key: &str) -> u64 {
-    let mut bytes = Vec::with_capacity(scope.len() + 1 + key.len());
-    bytes.extend_from_slice(scope.as_bytes());
-    bytes.push(SEPARATOR);
-    bytes.extend_from_slice(key.as_bytes());
+    let len = scope.len() + 1 + key.len();
+    // (The usual key and scope fit on the stack: no allocation for them.)
+    let mut stack = [0u8; 256];
+    let mut heap = Vec::new();
+    let bytes = match stack.get_mut(..len) {
+        Some(bytes) => bytes,
+        None => {
+            heap.resize(len, 0);
+            &mut heap[..]
+        }
+    };
+    let (head, tail) = bytes.split_at_mut(scope.len());
+    head.copy_from_slice(scope.as_bytes());
+    tail[0] = SEPARATOR;
+    tail[1..].copy_from_slice(key.as_bytes());
     // SAFETY: the pointer and length describe `bytes`, which lives across the call; the function
     // only reads them.
-    unsafe { hash_bytes_extended(bytes.as_ptr(), bytes.len() as i32, KEY_HASH_SEED) }
+    unsafe { hash_bytes_extended(bytes.as_ptr(), len as i32, KEY_HASH_SEED) }
 }
 
 fn tag(hash: u64, namespace: u16) -> pg_sys::LOCKTAG {

@@ -4,10 +4,10 @@
 //!
 //! - `spi`: saved statements run as the storage's owner (`owner`); `settings`: session settings pinned
 //!   while the storage runs DDL or maintenance; `nojit`: those statements planned without JIT;
-//! - `probe`: index lookups without the executor (`layout`: where a partition keeps what they read;
-//!   `leaves`: the partitions they search; `tuple`: a record found); `latest`: reads under the latest
-//!   snapshot that take no SERIALIZABLE predicate locks; `direct`: row inserts without the executor
-//!   (`indexes`: the indexes they fill), behind `writer`, the one row writer;
+//! - `probe`: index lookups without the executor (`partition`: one partition open for them; `layout`:
+//!   where a partition keeps what they read; `leaves`: the partitions they search; `tuple`: a record
+//!   found); `latest`: reads under the latest snapshot that take no SERIALIZABLE predicate locks; `direct`:
+//!   row inserts without the executor (`indexes`: the indexes they fill), behind `writer`, the one row writer;
 //! - `catalog`: cached catalog facts and the invalidations that clear them; `bounds`: partition
 //!   bounds read from the catalog;
 //! - `keylock`: the per-key lock and the storage's other advisory locks; `holds`: keys held past the
@@ -32,6 +32,7 @@ pub mod layout;
 pub mod leaves;
 pub mod nojit;
 pub mod owner;
+pub mod partition;
 pub mod probe;
 pub mod sealed;
 pub mod settings;

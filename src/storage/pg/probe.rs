@@ -16,8 +16,8 @@
 use super::catalog;
 use super::keylock::{self, KeyLock};
 use super::latest::{self, Latest};
-use super::layout;
 use super::leaves::{collect_leaves, FUTURE_MARGIN_US};
+use super::partition::{self, fetch, KeyArg, Partition};
 use super::sealed::{self, Chunks, Filter};
 pub use super::layout::Col;
 pub use super::tuple::Tuple;
@@ -27,22 +27,6 @@ use super::xact;
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::rc::Rc;
-
-/// One partition, open, with an index scan ready to be pointed at a key.
-struct Partition {
-    heap: pg_sys::Relation,
-    index: pg_sys::Relation,
-    /// A scan under the latest snapshot, as a plan reads (predicate locks included), made on first use.
-    mvcc_scan: pg_sys::IndexScanDesc,
-    /// A scan that takes no predicate locks, whose tuples are tested against the latest snapshot (see
-    /// `latest`), made on first use.
-    quiet_scan: pg_sys::IndexScanDesc,
-    /// A scan under the prober's dirty snapshot, made on first use (see `unfinished_insert`).
-    dirty_scan: pg_sys::IndexScanDesc,
-    slot: *mut pg_sys::TupleTableSlot,
-    columns: [i32; 7],
-    key_first: bool,
-}
 
 /// A partition to search: opened on first use; a sealed one with a filter only when its filter
 /// says the key may be there.
@@ -134,8 +118,7 @@ impl Prober {
     /// Finds `key`'s record and hands it to `read` while it is pinned; None when no partition
     /// has it. What the latest snapshot sees, committed: for reads that take no key lock.
     pub fn find<T>(&mut self, key: &str, read: impl FnOnce(&Tuple) -> T) -> Option<T> {
-        let key_datum = key.into_datum().expect("text datum");
-        let i = self.locate(key, key_datum, false, None)?;
+        let i = self.locate(key, false, None)?;
         let part = self.parts[i].open.as_ref().expect("located in an open partition");
         Some(Self::read_found(part, read))
     }
@@ -147,8 +130,7 @@ impl Prober {
     /// waits for that transaction and looks again. The index reads take no predicate locks; a record found
     /// gets one on its row version (see the module comment).
     pub fn find_settled<T>(&mut self, key: &str, lock: &KeyLock, read: impl FnOnce(&Tuple) -> T) -> Probe<T> {
-        let key_datum = key.into_datum().expect("text datum");
-        match self.locate(key, key_datum, true, Some(lock.hash())) {
+        match self.locate(key, true, Some(lock.hash())) {
             Some(i) => {
                 let part = self.parts[i].open.as_ref().expect("located in an open partition");
                 if let Some(dirty) = self.dirty.as_deref_mut() {
@@ -166,7 +148,7 @@ impl Prober {
                 }
                 Probe::Found(Self::read_found(part, read))
             }
-            None if self.dirty.is_some() => match self.unfinished_insert(key_datum) {
+            None if self.dirty.is_some() => match self.unfinished_insert(key) {
                 Some(writer) => Probe::Busy(writer),
                 None => Probe::Missing,
             },
@@ -197,8 +179,9 @@ impl Prober {
 
     /// The partition whose slot now holds `key`'s record under the latest snapshot, if any; found by
     /// scans that take no predicate locks when `quiet`.
-    fn locate(&mut self, key: &str, key_datum: pg_sys::Datum, quiet: bool, hash: Option<u64>) -> Option<usize> {
+    fn locate(&mut self, key: &str, quiet: bool, hash: Option<u64>) -> Option<usize> {
         let scope = self.scope;
+        let mut key_arg = KeyArg::new(key);
         debug_assert!(hash.is_none_or(|h| h == keylock::hash_key(&self.scope_text, key)), "the key's own hash");
         // A hash given (the key lock's) starts every filter's block loading at once; otherwise the key is
         // hashed at the first filtered partition, so a key found before it costs no hash.
@@ -233,7 +216,7 @@ impl Prober {
                         part.quiet_scan = super::compat::index_beginscan(part.heap, part.index, snapshot, 2, 0);
                     }
                     // A non-MVCC scan returns every version that is not dead: the one the snapshot sees, if any.
-                    let mut found = fetch(part, part.quiet_scan, scope, key_datum);
+                    let mut found = fetch(part, part.quiet_scan, scope, &mut key_arg);
                     while found && !latest.sees(part.slot) {
                         found = pg_sys::index_getnext_slot(
                             part.quiet_scan,
@@ -246,7 +229,7 @@ impl Prober {
                     if part.mvcc_scan.is_null() {
                         part.mvcc_scan = super::compat::index_beginscan(part.heap, part.index, latest.mvcc(), 2, 0);
                     }
-                    fetch(part, part.mvcc_scan, scope, key_datum)
+                    fetch(part, part.mvcc_scan, scope, &mut key_arg)
                 }
             };
             if found {
@@ -259,9 +242,10 @@ impl Prober {
     /// Another transaction's uncommitted insert of the key, or an insert committed after the snapshot,
     /// in a partition that takes inserts (a sealed one takes none). Some(its transaction, or None
     /// when committed); None when there is none.
-    fn unfinished_insert(&mut self, key_datum: pg_sys::Datum) -> Option<Option<pg_sys::TransactionId>> {
+    fn unfinished_insert(&mut self, key: &str) -> Option<Option<pg_sys::TransactionId>> {
         let dirty: *mut pg_sys::SnapshotData = self.dirty.as_deref_mut().expect("a dirty snapshot");
         let scope = self.scope;
+        let mut key_arg = KeyArg::new(key);
         for i in 0..self.parts.len() {
             if self.parts[i].sealed {
                 continue;
@@ -276,7 +260,7 @@ impl Prober {
                 }
                 (*dirty).xmin = pg_sys::InvalidTransactionId;
                 (*dirty).xmax = pg_sys::InvalidTransactionId;
-                let mut found = fetch(part, part.dirty_scan, scope, key_datum);
+                let mut found = fetch(part, part.dirty_scan, scope, &mut key_arg);
                 while found {
                     let tuple = Tuple { slot: part.slot, columns: &part.columns, relid: (*part.heap).rd_id };
                     let own = pg_sys::TransactionIdIsCurrentTransactionId(tuple.xmin());
@@ -306,66 +290,12 @@ pub enum Probe<T> {
     Busy(Option<pg_sys::TransactionId>),
 }
 
-/// Points `scan` (of `part`'s index) at `(scope, key)`; true when its first tuple is now in the slot.
-///
-/// # Safety
-/// `scan` is an index scan of `part.index`, made by this module; `part.slot` is empty.
-unsafe fn fetch(part: &Partition, scan: pg_sys::IndexScanDesc, scope: pg_sys::Datum, key: pg_sys::Datum) -> bool {
-    let values = if part.key_first { [key, scope] } else { [scope, key] }; // in the index's column order
-    // SAFETY: the caller's contract; the section calls only `unguarded`'s functions, on plain values and
-    // scan keys on its own stack frame, which the rescan copies.
-    unsafe {
-        unguarded::section(|| {
-            let mut keys: [pg_sys::ScanKeyData; 2] = Default::default();
-            // (Attribute numbers and collation slots written out: no arithmetic in the section.)
-            let columns = [(1i16, 0usize), (2, 1)];
-            for ((entry, &value), &(attno, at)) in keys.iter_mut().zip(values.iter()).zip(columns.iter()) {
-                unguarded::ScanKeyEntryInitialize(
-                    entry,
-                    0,
-                    attno,
-                    pg_sys::BTEqualStrategyNumber as u16,
-                    pg_sys::InvalidOid,
-                    *(*part.index).rd_indcollation.add(at),
-                    pg_sys::Oid::from(pg_sys::F_TEXTEQ),
-                    value,
-                );
-            }
-            unguarded::index_rescan(scan, keys.as_mut_ptr(), 2, std::ptr::null_mut(), 0);
-            unguarded::index_getnext_slot(scan, pg_sys::ScanDirection::ForwardScanDirection, part.slot)
-        })
-    }
-}
-
 impl Part {
     /// The partition, opened on first use (its scans are made when first used).
     fn open(&mut self) -> &mut Partition {
         let relid = self.relid;
         // SAFETY: opens a leaf of the record table, which the lock on the record table keeps in place.
-        self.open.get_or_insert_with(|| unsafe { open_partition(relid) })
-    }
-}
-
-/// Opens a partition and its lookup index.
-///
-/// # Safety
-/// Inside a transaction that holds a lock on the record table; `relid` is one of its leaves.
-unsafe fn open_partition(relid: pg_sys::Oid) -> Partition {
-    let heap = pg_sys::table_open(relid, pg_sys::AccessShareLock as i32);
-    let layout = layout::layout(heap);
-    let (index, slot) = unguarded::section(|| {
-        let index = unguarded::index_open(layout.index, pg_sys::AccessShareLock as i32);
-        (index, unguarded::table_slot_create(heap, std::ptr::null_mut()))
-    });
-    Partition {
-        heap,
-        index,
-        mvcc_scan: std::ptr::null_mut(),
-        quiet_scan: std::ptr::null_mut(),
-        dirty_scan: std::ptr::null_mut(),
-        slot,
-        columns: layout.columns,
-        key_first: layout.key_first,
+        self.open.get_or_insert_with(|| unsafe { partition::open(relid) })
     }
 }
 
@@ -381,14 +311,7 @@ impl Drop for Prober {
         unsafe {
             unguarded::section(|| {
                 for part in self.parts.iter().filter_map(|p| p.open.as_ref()) {
-                    unguarded::ExecDropSingleTupleTableSlot(part.slot);
-                    for &scan in [part.mvcc_scan, part.quiet_scan, part.dirty_scan].iter() {
-                        if !scan.is_null() {
-                            unguarded::index_endscan(scan);
-                        }
-                    }
-                    unguarded::index_close(part.index, pg_sys::NoLock as i32);
-                    unguarded::table_close(part.heap, pg_sys::NoLock as i32);
+                    part.close();
                 }
             });
             self.chunks.close();

@@ -18,10 +18,10 @@
 //! - no thread-local `RefCell` is borrowed across a section: a call inside one may process invalidations,
 //!   whose callbacks (`catalog`'s, `#[pg_guard]`ed) borrow them.
 //!
-//! Five of them raise no ERROR in any major (15 to 18): each only reads or sets backend variables.
+//! Seven of them raise no ERROR in any major (15 to 18): each only reads or sets backend variables.
 //! They alone are called outside a section, with no guard at all: `GetCurrentTransactionStartTimestamp`,
-//! `GetCurrentTimestamp`, `GetUserIdAndSecContext`, `SetUserIdAndSecContext` and
-//! `TransactionIdIsCurrentTransactionId`.
+//! `GetCurrentTimestamp`, `GetUserIdAndSecContext`, `SetUserIdAndSecContext`,
+//! `TransactionIdIsCurrentTransactionId`, `GetCurrentSubTransactionId` and `GetCurrentTransactionIdIfAny`.
 //!
 //! Each declaration here is checked at compile time against the signature pgrx's bindings give the
 //! PostgreSQL major being built, so a change of a function's arguments in a later major does not
@@ -95,12 +95,15 @@ unguarded! {
     pub fn MemoryContextReset(context: pg_sys::MemoryContext);
     pub fn CommandCounterIncrement();
     pub fn palloc0(size: pg_sys::Size) -> *mut std::ffi::c_void;
+    pub fn cstring_to_text_with_len(s: *const std::ffi::c_char, len: c_int) -> *mut pg_sys::text;
     pub fn GetCurrentCommandId(used: bool) -> pg_sys::CommandId;
     pub fn GetCurrentTransactionStartTimestamp() -> pg_sys::TimestampTz;
     pub fn GetCurrentTimestamp() -> pg_sys::TimestampTz;
     pub fn GetUserIdAndSecContext(userid: *mut pg_sys::Oid, sec_context: *mut c_int);
     pub fn SetUserIdAndSecContext(userid: pg_sys::Oid, sec_context: c_int);
     pub fn TransactionIdIsCurrentTransactionId(xid: pg_sys::TransactionId) -> bool;
+    pub fn GetCurrentSubTransactionId() -> pg_sys::SubTransactionId;
+    pub fn GetCurrentTransactionIdIfAny() -> pg_sys::TransactionId;
     pub fn LockRelationOid(relation: pg_sys::Oid, lockmode: c_int);
     pub fn AcceptInvalidationMessages();
     #[cfg(feature = "pg15")]
@@ -124,6 +127,18 @@ unguarded! {
         arbiter_indexes: *mut pg_sys::List,
         only_summarizing: bool,
     ) -> *mut pg_sys::List;
+}
+
+/// `s` as a `text` datum, palloc'd in the current memory context; for a section (pgrx's conversion of a `&str`
+/// makes the same value under a guard of its own). `s` is shorter than a varlena's 1 GB bound, as every string
+/// the extension gets from PostgreSQL is.
+///
+/// # Safety
+/// Inside a [`section`].
+#[inline(always)]
+pub unsafe fn text_datum(s: &str) -> pg_sys::Datum {
+    // SAFETY: the caller's contract; the pointer and length describe `s`, which the call copies.
+    unsafe { pg_sys::Datum::from(cstring_to_text_with_len(s.as_ptr().cast(), s.len() as c_int)) }
 }
 
 /// Runs `body`, a sequence of calls of the functions above, under one guard: an ERROR raised by any of

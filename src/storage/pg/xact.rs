@@ -20,6 +20,24 @@ pub fn wrote(xmin: pg_sys::TransactionId) -> bool {
     unsafe { super::unguarded::TransactionIdIsCurrentTransactionId(xmin) }
 }
 
+/// The current subtransaction's id (the top transaction's when there is none).
+pub fn subtransaction() -> pg_sys::SubTransactionId {
+    // SAFETY: reads the backend's transaction state; no side effects, no ERROR (unguarded).
+    unsafe { super::unguarded::GetCurrentSubTransactionId() }
+}
+
+/// The current (sub)transaction's xid, assigned now if it has none yet, as its first write would.
+pub fn xid() -> pg_sys::TransactionId {
+    // SAFETY: reads the backend's transaction state; no side effects, no ERROR (unguarded).
+    let xid = unsafe { super::unguarded::GetCurrentTransactionIdIfAny() };
+    if xid != pg_sys::InvalidTransactionId {
+        return xid;
+    }
+    // SAFETY: inside a transaction; assigns its xid (and its parents') as a write does, and may raise an
+    // ERROR (in recovery, near wraparound), guarded.
+    unsafe { pg_sys::GetCurrentTransactionId() }
+}
+
 /// Under REPEATABLE READ and SERIALIZABLE, whether a row version written by `xmin` was written by
 /// a transaction this transaction's snapshot cannot see: a concurrent one, which got there first.
 /// Always false under READ COMMITTED, where each statement sees what was committed before it.

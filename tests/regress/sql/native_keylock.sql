@@ -18,6 +18,18 @@ SELECT p.scope, p.key, h >> 32 & 4294967295 AS classid, h & 4294967295 AS objid,
                  AND l.classid::bigint = h >> 32 & 4294967295 AND l.objid::bigint = h & 4294967295) AS held
   FROM pinned p, hashtextextended((p.scope || E'\x1f' || p.key) COLLATE "C", 18756) h ORDER BY 1, 2;
 ROLLBACK;
+-- Scope, separator and key are hashed from a buffer on the stack up to 256 bytes, from the heap past that:
+-- 'default' with keys of 247 to 249 bytes falls on either side, and 400 bytes far past it. Each key's lock
+-- is the one SQL computes.
+CREATE TABLE pinned_long AS SELECT 'default' AS scope, repeat('k', n) AS key FROM unnest(ARRAY[247, 248, 249, 400]) n;
+BEGIN;
+SELECT count(*) AS claimed FROM pinned_long p, idem_claim(p.key, scope => p.scope) c WHERE c.outcome = 'claimed';
+SELECT length(p.scope || E'\x1f' || p.key) AS hashed_bytes,
+       EXISTS (SELECT FROM pg_locks l WHERE l.locktype = 'advisory' AND l.objsubid = 18756
+                 AND l.pid = pg_backend_pid()
+                 AND l.classid::bigint = h >> 32 & 4294967295 AND l.objid::bigint = h & 4294967295) AS held
+  FROM pinned_long p, hashtextextended((p.scope || E'\x1f' || p.key) COLLATE "C", 18756) h ORDER BY 1;
+ROLLBACK;
 -- idem_once and the batches take the same lock.
 BEGIN;
 SELECT idem_once('order-1');
