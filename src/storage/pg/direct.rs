@@ -14,7 +14,6 @@
 use super::catalog::Invalidated;
 use super::unguarded;
 use pgrx::pg_sys;
-use pgrx::prelude::*;
 use std::cell::RefCell;
 use std::collections::HashMap;
 
@@ -184,8 +183,8 @@ unsafe fn datums(row: &Row) -> [Option<pg_sys::Datum>; 10] {
         text(row.scope),
         text(row.key),
         text(row.status),
-        row.token.into_datum(),
-        row.attempts.into_datum(),
+        row.token.map(pg_sys::Datum::from),
+        Some(pg_sys::Datum::from(row.attempts)),
         row.fingerprint.and_then(text),
         row.payload,
         Some(pg_sys::Datum::from(row.created_at)),

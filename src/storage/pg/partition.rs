@@ -75,6 +75,10 @@ impl<'a> KeyArg<'a> {
         KeyArg { key, datum: None }
     }
 
+    pub fn key(&self) -> &'a str {
+        self.key
+    }
+
     /// # Safety
     /// Inside an `unguarded::section`.
     #[inline(always)]

@@ -118,7 +118,7 @@ impl Prober {
     /// Finds `key`'s record and hands it to `read` while it is pinned; None when no partition
     /// has it. What the latest snapshot sees, committed: for reads that take no key lock.
     pub fn find<T>(&mut self, key: &str, read: impl FnOnce(&Tuple) -> T) -> Option<T> {
-        let i = self.locate(key, false, None)?;
+        let i = self.locate(&mut KeyArg::new(key), false, None)?;
         let part = self.parts[i].open.as_ref().expect("located in an open partition");
         Some(Self::read_found(part, read))
     }
@@ -130,7 +130,9 @@ impl Prober {
     /// waits for that transaction and looks again. The index reads take no predicate locks; a record found
     /// gets one on its row version (see the module comment).
     pub fn find_settled<T>(&mut self, key: &str, lock: &KeyLock, read: impl FnOnce(&Tuple) -> T) -> Probe<T> {
-        match self.locate(key, true, Some(lock.hash())) {
+        // (One text datum of the key for both searches.)
+        let mut key_arg = KeyArg::new(key);
+        match self.locate(&mut key_arg, true, Some(lock.hash())) {
             Some(i) => {
                 let part = self.parts[i].open.as_ref().expect("located in an open partition");
                 if let Some(dirty) = self.dirty.as_deref_mut() {
@@ -148,7 +150,7 @@ impl Prober {
                 }
                 Probe::Found(Self::read_found(part, read))
             }
-            None if self.dirty.is_some() => match self.unfinished_insert(key) {
+            None if self.dirty.is_some() => match self.unfinished_insert(&mut key_arg) {
                 Some(writer) => Probe::Busy(writer),
                 None => Probe::Missing,
             },
@@ -179,9 +181,9 @@ impl Prober {
 
     /// The partition whose slot now holds `key`'s record under the latest snapshot, if any; found by
     /// scans that take no predicate locks when `quiet`.
-    fn locate(&mut self, key: &str, quiet: bool, hash: Option<u64>) -> Option<usize> {
+    fn locate(&mut self, key_arg: &mut KeyArg, quiet: bool, hash: Option<u64>) -> Option<usize> {
+        let key = key_arg.key();
         let scope = self.scope;
-        let mut key_arg = KeyArg::new(key);
         debug_assert!(hash.is_none_or(|h| h == keylock::hash_key(&self.scope_text, key)), "the key's own hash");
         // A hash given (the key lock's) starts every filter's block loading at once; otherwise the key is
         // hashed at the first filtered partition, so a key found before it costs no hash.
@@ -216,7 +218,7 @@ impl Prober {
                         part.quiet_scan = super::compat::index_beginscan(part.heap, part.index, snapshot, 2, 0);
                     }
                     // A non-MVCC scan returns every version that is not dead: the one the snapshot sees, if any.
-                    let mut found = fetch(part, part.quiet_scan, scope, &mut key_arg);
+                    let mut found = fetch(part, part.quiet_scan, scope, key_arg);
                     while found && !latest.sees(part.slot) {
                         found = pg_sys::index_getnext_slot(
                             part.quiet_scan,
@@ -229,7 +231,7 @@ impl Prober {
                     if part.mvcc_scan.is_null() {
                         part.mvcc_scan = super::compat::index_beginscan(part.heap, part.index, latest.mvcc(), 2, 0);
                     }
-                    fetch(part, part.mvcc_scan, scope, &mut key_arg)
+                    fetch(part, part.mvcc_scan, scope, key_arg)
                 }
             };
             if found {
@@ -242,10 +244,9 @@ impl Prober {
     /// Another transaction's uncommitted insert of the key, or an insert committed after the snapshot,
     /// in a partition that takes inserts (a sealed one takes none). Some(its transaction, or None
     /// when committed); None when there is none.
-    fn unfinished_insert(&mut self, key: &str) -> Option<Option<pg_sys::TransactionId>> {
+    fn unfinished_insert(&mut self, key_arg: &mut KeyArg) -> Option<Option<pg_sys::TransactionId>> {
         let dirty: *mut pg_sys::SnapshotData = self.dirty.as_deref_mut().expect("a dirty snapshot");
         let scope = self.scope;
-        let mut key_arg = KeyArg::new(key);
         for i in 0..self.parts.len() {
             if self.parts[i].sealed {
                 continue;
@@ -260,7 +261,7 @@ impl Prober {
                 }
                 (*dirty).xmin = pg_sys::InvalidTransactionId;
                 (*dirty).xmax = pg_sys::InvalidTransactionId;
-                let mut found = fetch(part, part.dirty_scan, scope, &mut key_arg);
+                let mut found = fetch(part, part.dirty_scan, scope, key_arg);
                 while found {
                     let tuple = Tuple { slot: part.slot, columns: &part.columns, relid: (*part.heap).rd_id };
                     let own = pg_sys::TransactionIdIsCurrentTransactionId(tuple.xmin());

@@ -130,8 +130,8 @@ unguarded! {
 }
 
 /// `s` as a `text` datum, palloc'd in the current memory context; for a section (pgrx's conversion of a `&str`
-/// makes the same value under a guard of its own). `s` is shorter than a varlena's 1 GB bound, as every string
-/// the extension gets from PostgreSQL is.
+/// makes the same value under a guard of its own). Its callers pass keys, scopes, statuses and fingerprints,
+/// bounded by `idempotency.max_key_bytes` or by the code: far below a varlena's 1 GB bound (and `c_int`'s).
 ///
 /// # Safety
 /// Inside a [`section`].
