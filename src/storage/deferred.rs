@@ -46,10 +46,6 @@ thread_local! {
     static CLAIMS: RefCell<HashMap<(String, String), Deferred>> = RefCell::new(HashMap::new());
 }
 
-fn subtransaction() -> pg_sys::SubTransactionId {
-    xact::subtransaction()
-}
-
 fn id(k: Key) -> (String, String) {
     (k.scope.to_owned(), k.key.to_owned())
 }
@@ -76,7 +72,7 @@ pub fn claim_new(
         created_at,
         claimed_at,
         expires_at,
-        made_in: subtransaction(),
+        made_in: xact::subtransaction(),
         written_in: None,
     };
     if remember {
@@ -142,7 +138,7 @@ pub fn write_key(conn: &Conn, k: Key) {
     if CLAIMS.with_borrow(|claims| claims.is_empty()) {
         return;
     }
-    let sub = subtransaction();
+    let sub = xact::subtransaction();
     CLAIMS.with_borrow_mut(|claims| {
         if let Some(c) = claims.get_mut(&id(k)) {
             if c.written_in.is_none() {
@@ -158,7 +154,7 @@ pub fn write_all(conn: &Conn, scope: Option<&str>) {
     if CLAIMS.with_borrow(|claims| claims.is_empty()) {
         return;
     }
-    let sub = subtransaction();
+    let sub = xact::subtransaction();
     CLAIMS.with_borrow_mut(|claims| {
         let unwritten = |(s, _): &(String, String), c: &Deferred| {
             c.written_in.is_none() && scope.is_none_or(|wanted| wanted == s)
@@ -193,7 +189,7 @@ pub fn complete(conn: &Conn, k: Key, payload: Option<&Document>, token: Option<i
     if CLAIMS.with_borrow(|claims| claims.is_empty()) {
         return false;
     }
-    let sub = subtransaction();
+    let sub = xact::subtransaction();
     CLAIMS.with_borrow_mut(|claims| {
         let Some(c) = claims.get_mut(&id(k)) else {
             return false;
@@ -210,7 +206,7 @@ pub fn complete(conn: &Conn, k: Key, payload: Option<&Document>, token: Option<i
 /// `idem_complete_batch` of keys whose claims this transaction remembers, each unwritten and held by its
 /// token (see [`unwritten`]): writes their rows, completed, a partition's rows together.
 pub fn complete_all(conn: &Conn, scope: &str, keys: &[&str], payloads: Option<&[Option<Document>]>) {
-    let sub = subtransaction();
+    let sub = xact::subtransaction();
     CLAIMS.with_borrow_mut(|claims| {
         let ids: Vec<(String, String)> = keys.iter().map(|key| id(Key { scope, key })).collect();
         let rows = ids.iter().zip(keys).enumerate().map(|(i, (id, key))| {
