@@ -103,6 +103,15 @@ require_venv() {
 # Run a command as the postgres OS user (initdb refuses root).
 as_postgres() { if [ "$(id -un)" = postgres ]; then "$@"; else sudo -u postgres -H "$@"; fi; }
 
+# For the benches that compare builds of the extension on the same clusters (IDEM_WEEK_LIBS, IDEM_INSTR_LIBS):
+# put_library SO puts SO in place of the library installed in PG_CONFIG's tree (readable by the server; renamed
+# into place, so that a server starting meanwhile loads one whole file); library_label I SO is how the I-th (from
+# 0) of such a list is named in their output: "installed" for the build in place, else lib1, lib2, ...
+put_library() {
+  install -m 0755 "$1" "$PG_PKGLIBDIR/idempotency.so.swap" && mv "$PG_PKGLIBDIR/idempotency.so.swap" "$PG_PKGLIBDIR/idempotency.so"
+}
+library_label() { if [ "$2" = installed ]; then echo installed; else echo "lib$(($1 + 1))"; fi; }
+
 # The Citus source tests/citus builds from: CITUS_SOURCE, else ../shared/citus beside the repository (a
 # directory with Citus' tarball and its `build` script). Empty when neither is there.
 citus_source() {
