@@ -7,7 +7,7 @@ use super::claim::{claim_existing, count_answer, new_lease, Claim, Outcome};
 use super::deferred;
 use super::lifecycle::partitions;
 use super::once::{once_answer, once_row};
-use super::pg::document::Documents;
+use super::pg::document::{Document, Documents};
 use super::pg::keylock;
 use super::pg::spi::{arg, Snap, Stmt};
 use super::pg::writer;
@@ -19,20 +19,13 @@ use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::ops::Range;
 
-// Rows this transaction wrote and still holds, by ctid (see `complete_own`), in their partition.
+// Rows this transaction holds, by ctid, in their partition (see `complete_rows`).
 static COMPLETE_BY_CTID: Stmt = Stmt {
     sql: "/* planned per call */ UPDATE {partition} r
              SET status = 'completed', payload = u.p, updated_at = clock_timestamp(), expires_at = NULL
             FROM unnest($1::text[]::tid[], $2::jsonb[]) AS u(t, p)
            WHERE r.ctid = u.t",
     args: &[pg_sys::TEXTARRAYOID, pg_sys::JSONBARRAYOID],
-};
-static COMPLETE_MANY: Stmt = Stmt {
-    sql: "/* planned per call */ UPDATE idempotency.records r
-             SET status = 'completed', payload = u.p, updated_at = clock_timestamp(), expires_at = NULL
-            FROM unnest($2::text[], $3::jsonb[]) AS u(k, p)
-           WHERE r.scope = $1 AND r.key = u.k AND ($4::text[] IS NULL OR u.k = ANY ($4))",
-    args: &[pg_sys::TEXTOID, pg_sys::TEXTARRAYOID, pg_sys::JSONBARRAYOID, pg_sys::TEXTARRAYOID],
 };
 
 /// The keys of a batch: the distinct ones, sorted, and the place of each input key among them, by which a
@@ -131,31 +124,38 @@ pub fn complete_batch(scope: &str, keys: &[&str], payloads: Option<&Documents>, 
             call.add(Counter::Completes, keys.len() as u64);
             return keys.len() as i64;
         }
-        let payloads = payloads.map(|p| p.datum());
         if keylock::giving_back() {
             if let Some(done) = complete_own(call, scope, keys, payloads, tokens) {
                 return done;
             }
         }
         let batch = distinct(keys);
-        let (groups, give_back) = groups(&batch.keys);
+        let (groups, _) = groups(&batch.keys);
+        // The input keys in the order of their places (one each: the call refuses repeats), so that each
+        // group's keys are the next run of them: work linear in the batch, however many groups it takes.
+        let mut by_place: Vec<usize> = (0..keys.len()).collect();
+        by_place.sort_unstable_by_key(|&i| (batch.place[i], i));
+        let mut payloads = Payloads { whole: payloads, elements: None };
         let mut done = 0;
+        let mut next = 0;
         for group in groups {
             let (locks, mut found) =
                 call.lock_and_find_all(scope, &batch.keys[group.clone()], |key, t| Record::from_tuple(t, Key { scope, key }));
-            let input = keys.iter().zip(tokens).zip(&batch.place);
-            for ((key, token), at) in input.filter(|(_, at)| group.contains(at)) {
-                // (A key's second occurrence finds nothing left: its first took the record.)
-                let rec = found[at - group.start].take();
+            let run = by_place[next..].iter().take_while(|&&i| batch.place[i] < group.end).count();
+            let mut rows = Vec::with_capacity(run);
+            for &i in &by_place[next..next + run] {
+                let key = keys[i];
+                // (A key's second occurrence would find nothing left: its first took the record.)
+                let rec = found[batch.place[i] - group.start].take();
                 if rec.is_none() {
                     call.lock_absence(Key { scope, key });
                 }
-                check_held(Key { scope, key }, rec, *token);
+                let rec = check_held(Key { scope, key }, rec, tokens[i]);
+                rows.push((rec.partition, rec.ctid_text(), i));
             }
+            next += run;
             // (An ERROR of a later group undoes what the earlier ones wrote, with the statement.)
-            let only = give_back.then(|| arg(batch.keys[group].to_vec()));
-            let args = [arg(scope), arg(keys.to_vec()), payloads, only.flatten()];
-            done += call.conn().run(&COMPLETE_MANY, &args, Snap::Statement).len();
+            done += complete_rows(call, rows, &mut payloads);
             for (_, lock) in locks {
                 lock.written();
             }
@@ -172,7 +172,7 @@ fn complete_own(
     call: &mut Call,
     scope: &str,
     keys: &[&str],
-    payloads: Option<pg_sys::Datum>,
+    payloads: Option<&Documents>,
     tokens: &[Option<i64>],
 ) -> Option<i64> {
     let mut prober = call.prober(scope);
@@ -185,22 +185,46 @@ fn complete_own(
         found.push(rec);
     }
     drop(prober);
-    let partition = found.first()?.partition;
-    let same_partition = found.iter().all(|rec| rec.partition == partition);
-    let ctids: Vec<String> = found.iter().map(Record::ctid_text).collect();
-    for ((key, token), rec) in keys.iter().zip(tokens).zip(found) {
-        check_held(Key { scope, key }, Some(rec), *token);
+    let mut rows = Vec::with_capacity(keys.len());
+    for (i, rec) in found.into_iter().enumerate() {
+        let rec = check_held(Key { scope, key: keys[i] }, Some(rec), tokens[i]);
+        rows.push((rec.partition, rec.ctid_text(), i));
     }
-    // The rows found, by ctid, in their one partition (a batch claimed now went to one); else by key.
-    let done = match same_partition {
-        true => call.conn().run_on(&COMPLETE_BY_CTID, partition, &[arg(ctids), payloads], Snap::Statement).len(),
-        false => {
-            let args = [arg(scope), arg(keys.to_vec()), payloads, None];
-            call.conn().run(&COMPLETE_MANY, &args, Snap::Statement).len()
-        }
-    };
+    let done = complete_rows(call, rows, &mut Payloads { whole: payloads, elements: None });
     call.add(Counter::Completes, done as u64);
     Some(done as i64)
+}
+
+/// A batch's payloads: the argument as it came, and its elements once a part of it is needed (split once a call).
+struct Payloads<'a> {
+    whole: Option<&'a Documents>,
+    elements: Option<Vec<Option<Document>>>,
+}
+
+impl Payloads<'_> {
+    /// The payloads at input positions `at`: the argument itself when that is all of it, in order.
+    fn at(&mut self, at: &[usize]) -> Option<pg_sys::Datum> {
+        let whole = self.whole?;
+        if at.len() == whole.len() && at.iter().enumerate().all(|(n, &i)| n == i) {
+            return Some(whole.datum());
+        }
+        let elements = self.elements.get_or_insert_with(|| whole.elements());
+        arg(at.iter().map(|&i| elements[i]).collect::<Vec<_>>())
+    }
+}
+
+/// Completes held rows, each `(partition, ctid, input position)`, by their ctids, one statement per partition
+/// (a batch's claims usually went to one), each row with the payload at its input position. Returns how many.
+fn complete_rows(call: &mut Call, mut rows: Vec<(pg_sys::Oid, String, usize)>, payloads: &mut Payloads) -> usize {
+    rows.sort_unstable_by_key(|&(partition, _, i)| (partition.to_u32(), i));
+    let mut done = 0;
+    for run in rows.chunk_by(|a, b| a.0 == b.0) {
+        let ctids: Vec<&str> = run.iter().map(|(_, ctid, _)| ctid.as_str()).collect();
+        let at: Vec<usize> = run.iter().map(|&(_, _, i)| i).collect();
+        let args = [arg(ctids), payloads.at(&at)];
+        done += call.conn().run_on(&COMPLETE_BY_CTID, run[0].0, &args, Snap::Statement).len();
+    }
+    done
 }
 
 /// The keys of a batch that no committed transaction has seen before, in input order, each once;

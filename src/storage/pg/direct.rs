@@ -125,14 +125,12 @@ pub fn insert_all(partition: pg_sys::Oid, rows: &[Row]) -> bool {
             return false;
         }
         let mut slots = vec![std::ptr::null_mut::<pg_sys::TupleTableSlot>(); rows.len()];
-        let (estate, result) = unguarded::section(|| {
-            for (slot, row) in slots.iter_mut().zip(rows) {
-                *slot = filled_slot(rel, &columns, &datums(row));
-            }
+        let (desc, estate, result) = unguarded::section(|| {
+            let desc = fill_slots(rel, &columns, rows, &mut slots);
             let estate = unguarded::CreateExecutorState();
             let result = unguarded::palloc0(std::mem::size_of::<pg_sys::ResultRelInfo>()) as *mut pg_sys::ResultRelInfo;
             unguarded::InitResultRelInfo(result, rel, 1, std::ptr::null_mut(), 0);
-            (estate, result)
+            (desc, estate, result)
         });
         // (The IndexInfos `result` points to, kept until the indexes are closed.)
         let _indexes = super::indexes::open_indices(result);
@@ -159,6 +157,9 @@ pub fn insert_all(partition: pg_sys::Oid, rows: &[Row]) -> bool {
                     }
                 }
                 unguarded::ExecDropSingleTupleTableSlot(slot);
+            }
+            if copied(desc) {
+                unguarded::FreeTupleDesc(desc);
             }
             unguarded::ExecCloseIndices(result);
             unguarded::FreeExecutorState(estate);
@@ -193,33 +194,112 @@ unsafe fn datums(row: &Row) -> [Option<pg_sys::Datum>; 10] {
     ]
 }
 
-/// A slot of `rel` holding `datums`, each column where `columns` says. Called unguarded.
+/// Fills `slots` with `rows`, each column where `columns` says, and returns the descriptor they share: for
+/// several rows a copy of `rel`'s, which the caller frees after dropping them (see [`copied`]). Called
+/// unguarded.
+///
+/// A slot made on the relation's own descriptor (as `table_slot_create` makes it) pins it in the resource
+/// owner, once per slot. The resource owner finds each of those identical entries by probing past the ones
+/// before it, so a batch's group of n rows cost time growing with n² to remember and forget them. A copy is
+/// counted by no one (`tdrefcount` -1), so making and dropping a slot on it is the same work at any n. One
+/// row (`idem_once`, a claim) takes the relation's own, which costs less than a copy.
 ///
 /// # Safety
 /// `rel` is open; `columns` is its layout (each entry below the relation's number of attributes); every
-/// datum is of its column's type; inside an `unguarded::section`.
-#[inline(always)]
-unsafe fn filled_slot(
+/// datum of the rows is of its column's type; `slots` has one entry per row; inside an `unguarded::section`.
+unsafe fn fill_slots(
     rel: pg_sys::Relation,
     columns: &[usize; 10],
-    datums: &[Option<pg_sys::Datum>; 10],
-) -> *mut pg_sys::TupleTableSlot {
-    // SAFETY: the caller's contract; the slot's arrays have `natts` entries, which `columns` stays below.
+    rows: &[Row],
+    slots: &mut [*mut pg_sys::TupleTableSlot],
+) -> pg_sys::TupleDesc {
+    // SAFETY: the caller's contract; each slot's arrays have `natts` entries, which `columns` stays below.
     unsafe {
-        let slot = unguarded::table_slot_create(rel, std::ptr::null_mut());
-        unguarded::ExecClearTuple(slot);
-        let natts = (*(*slot).tts_tupleDescriptor).natts as usize;
-        let (values, nulls) = ((*slot).tts_values, (*slot).tts_isnull);
-        for at in 0..natts {
-            *nulls.add(at) = true;
-        }
-        for (&at, datum) in columns.iter().zip(datums) {
-            if let Some(d) = *datum {
-                *values.add(at) = d;
-                *nulls.add(at) = false;
+        let desc = match rows.len() {
+            1 => (*rel).rd_att,
+            _ => unguarded::CreateTupleDescCopy((*rel).rd_att),
+        };
+        let ops = unguarded::table_slot_callbacks(rel);
+        let natts = (*desc).natts as usize;
+        for (slot, row) in slots.iter_mut().zip(rows) {
+            *slot = unguarded::MakeSingleTupleTableSlot(desc, ops);
+            let (values, nulls) = ((**slot).tts_values, (**slot).tts_isnull);
+            for at in 0..natts {
+                *nulls.add(at) = true;
             }
+            for (&at, datum) in columns.iter().zip(&datums(row)) {
+                if let Some(d) = *datum {
+                    *values.add(at) = d;
+                    *nulls.add(at) = false;
+                }
+            }
+            unguarded::ExecStoreVirtualTuple(*slot);
         }
-        unguarded::ExecStoreVirtualTuple(slot);
-        slot
+        desc
+    }
+}
+
+/// Whether `desc` is a copy [`fill_slots`] made (counted by no one), rather than a relation's own.
+///
+/// # Safety
+/// `desc` is a valid tuple descriptor.
+unsafe fn copied(desc: pg_sys::TupleDesc) -> bool {
+    // SAFETY: the caller's contract.
+    unsafe { (*desc).tdrefcount < 0 }
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+#[pgrx::pg_schema]
+mod tests {
+    use super::*;
+    use pgrx::prelude::*;
+
+    /// A group's slots share one copy of the partition's descriptor, and making them pins nothing: the
+    /// relation's descriptor keeps its reference count. Made on that descriptor, each slot pinned it in the
+    /// resource owner, which made a group of n rows cost time growing with n².
+    #[pg_test]
+    fn a_groups_slots_pin_nothing() {
+        Spi::run("SELECT idem_once('warm-up')").expect("a call runs");
+        let partition = Spi::get_one::<pg_sys::Oid>(
+            "SELECT i.inhrelid FROM pg_inherits i JOIN idempotency.records r ON r.tableoid = i.inhrelid LIMIT 1",
+        )
+        .expect("query runs")
+        .expect("a partition holds the warm-up's row");
+        let keys: Vec<String> = (0..100).map(|i| format!("k-{i}")).collect();
+        // SAFETY: the partition is opened and closed here; the slots are made on it inside one section with
+        // rows of its columns' types, and dropped with their descriptor before it is closed.
+        unsafe {
+            let rel = pg_sys::table_open(partition, pg_sys::RowExclusiveLock as i32);
+            let (columns, (from, _)) = layout(rel).expect("a partition the direct insert writes");
+            let rows: Vec<Row> = keys
+                .iter()
+                .map(|key| Row {
+                    scope: "default",
+                    key,
+                    status: "completed",
+                    token: None,
+                    attempts: 1,
+                    fingerprint: None,
+                    payload: None,
+                    created_at: from,
+                    updated_at: from,
+                    expires_at: None,
+                })
+                .collect();
+            let before = (*(*rel).rd_att).tdrefcount;
+            let mut slots = vec![std::ptr::null_mut::<pg_sys::TupleTableSlot>(); rows.len()];
+            let desc = unguarded::section(|| fill_slots(rel, &columns, &rows, &mut slots));
+            let during = (*(*rel).rd_att).tdrefcount;
+            let key_of_last = pg_sys::slot_getattr(slots[99], columns[1] as i32 + 1, &mut false);
+            let last = String::from_datum(key_of_last, false).expect("a key");
+            for slot in slots {
+                pg_sys::ExecDropSingleTupleTableSlot(slot);
+            }
+            assert!(copied(desc));
+            pg_sys::FreeTupleDesc(desc);
+            pg_sys::table_close(rel, pg_sys::NoLock as i32);
+            assert_eq!(during, before, "the slots pinned the relation's descriptor");
+            assert_eq!(last, "k-99");
+        }
     }
 }

@@ -77,8 +77,13 @@ unguarded! {
         argument: pg_sys::Datum,
     );
     pub fn table_slot_create(relation: pg_sys::Relation, reglist: *mut *mut pg_sys::List) -> *mut pg_sys::TupleTableSlot;
-    #[link_name = "ExecClearTuple__pgrx_cshim"]
-    pub fn ExecClearTuple(slot: *mut pg_sys::TupleTableSlot) -> *mut pg_sys::TupleTableSlot;
+    pub fn table_slot_callbacks(relation: pg_sys::Relation) -> *const pg_sys::TupleTableSlotOps;
+    pub fn CreateTupleDescCopy(tupdesc: pg_sys::TupleDesc) -> pg_sys::TupleDesc;
+    pub fn FreeTupleDesc(tupdesc: pg_sys::TupleDesc);
+    pub fn MakeSingleTupleTableSlot(
+        tupdesc: pg_sys::TupleDesc,
+        tts_ops: *const pg_sys::TupleTableSlotOps,
+    ) -> *mut pg_sys::TupleTableSlot;
     pub fn ExecStoreVirtualTuple(slot: *mut pg_sys::TupleTableSlot) -> *mut pg_sys::TupleTableSlot;
     pub fn ExecDropSingleTupleTableSlot(slot: *mut pg_sys::TupleTableSlot);
     pub fn CreateExecutorState() -> *mut pg_sys::EState;

@@ -347,6 +347,20 @@ SELECT k FROM idem_once_batch(ARRAY['g-1', 'g-4', 'g-5', 'g-4']) AS t(k);
 SELECT count(*) AS key_locks FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 18756 AND pid = pg_backend_pid();
 COMMIT;
 SELECT key, outcome FROM idem_claim_batch(ARRAY['g-1', 'g-4', 'g-6']);
+-- Claims of an earlier transaction completed a group at a time, in an order other than the keys': each key
+-- gets its own payload, and the tokens are checked key by key.
+CREATE TEMP TABLE gp AS SELECT key, token FROM idem_claim_batch(ARRAY['gp-3', 'gp-1', 'gp-5', 'gp-2', 'gp-4'], scope => 'gp');
+SELECT idem_complete_batch(ARRAY['gp-4', 'gp-2', 'gp-5', 'gp-1', 'gp-3'],
+                           ARRAY['{"n": 4}', '{"n": 2}', '{"n": 5}', NULL, '{"n": 3}']::jsonb[], 'gp',
+                           ARRAY(SELECT g.token FROM unnest(ARRAY['gp-4', 'gp-2', 'gp-5', 'gp-1', 'gp-3'])
+                                   WITH ORDINALITY AS u(k, i) JOIN gp g ON g.key = u.k ORDER BY u.i)) AS completed;
+SELECT key, outcome, payload FROM idem_claim_batch(ARRAY['gp-1', 'gp-2', 'gp-3', 'gp-4', 'gp-5'], scope => 'gp');
+-- A wrong token of a later group: an ERROR, and nothing of the earlier groups stays written.
+CREATE TEMP TABLE gq AS SELECT key, token FROM idem_claim_batch(ARRAY['gq-1', 'gq-2', 'gq-3'], scope => 'gp');
+SELECT idem_complete_batch(ARRAY['gq-1', 'gq-2', 'gq-3'], NULL, 'gp',
+                           ARRAY(SELECT CASE WHEN g.key = 'gq-3' THEN g.token + 1000 ELSE g.token END
+                                   FROM gq g ORDER BY g.key));
+SELECT g.key, s.status FROM gq g, idem_status(g.key, 'gp') s ORDER BY g.key;
 RESET idempotency.key_locks_per_transaction;
 
 -----------------------------------------------------------------------------
