@@ -48,17 +48,17 @@ fn distinct<'a>(keys: &[&'a str]) -> Distinct<'a> {
     distinct
 }
 
-/// The groups of a batch's distinct keys it takes at a time (ranges of `distinct`), and whether each group's
-/// locks are given back once its rows are written: one group kept until the transaction ends when the
-/// transaction may keep that many key locks (see `keylock::budget`); else groups of what is left of the budget, so that a
-/// batch of any size holds a bounded number of lock-table entries.
-fn groups(distinct: &[&str]) -> (Vec<Range<usize>>, bool) {
+/// The groups of a batch's distinct keys it takes at a time (ranges of `distinct`): one group, its locks kept
+/// until the transaction ends, when the transaction may keep that many key locks (see `keylock::budget`); else
+/// groups of what is left of the budget, each giving its locks back once its rows are written
+/// (`keylock::give_back_from_now_on`), so that a batch of any size holds a bounded number of lock-table entries.
+fn groups(distinct: &[&str]) -> Vec<Range<usize>> {
     if keylock::may_keep(distinct.len()) {
-        return (vec![Range { start: 0, end: distinct.len() }], false);
+        return vec![Range { start: 0, end: distinct.len() }];
     }
     let size = keylock::room();
     keylock::give_back_from_now_on();
-    ((0..distinct.len()).step_by(size).map(|at| at..distinct.len().min(at + size)).collect(), true)
+    (0..distinct.len()).step_by(size).map(|at| at..distinct.len().min(at + size)).collect()
 }
 
 /// Claims several keys of one scope in one go. Returns one claim per input key, in input
@@ -68,7 +68,7 @@ pub fn claim_batch(scope: &str, keys: &[&str], ttl: Interval) -> Vec<Claim> {
     Call::run(scope, |call| {
         partitions::ensure_covered(call.conn(), xact::start_time());
         let batch = distinct(keys);
-        let (groups, _) = groups(&batch.keys);
+        let groups = groups(&batch.keys);
         // Each distinct key's answer, in their order.
         let mut answers: Vec<Claim> = Vec::with_capacity(batch.keys.len());
         for group in groups {
@@ -130,7 +130,7 @@ pub fn complete_batch(scope: &str, keys: &[&str], payloads: Option<&Documents>, 
             }
         }
         let batch = distinct(keys);
-        let (groups, _) = groups(&batch.keys);
+        let groups = groups(&batch.keys);
         // The input keys in the order of their places (one each: the call refuses repeats), so that each
         // group's keys are the next run of them: work linear in the batch, however many groups it takes.
         let mut by_place: Vec<usize> = (0..keys.len()).collect();
@@ -233,7 +233,7 @@ pub fn once_batch(scope: &str, keys: &[&str]) -> Vec<String> {
     Call::run(scope, |call| {
         partitions::ensure_covered(call.conn(), xact::start_time());
         let batch = distinct(keys);
-        let (groups, _) = groups(&batch.keys);
+        let groups = groups(&batch.keys);
         // Each distinct key's answer when it was seen before, and whether it is new here.
         let mut seen: Vec<Option<Outcome>> = vec![None; batch.keys.len()];
         let mut fresh = vec![false; batch.keys.len()];
