@@ -12,7 +12,7 @@ use super::pg::keylock;
 use super::pg::spi::{arg, Snap, Stmt};
 use super::pg::writer;
 use super::pg::xact;
-use super::record::{check_visible, Key, Record};
+use super::record::{check_visible, expect_rows, Key, Record};
 use super::settle::check_held;
 use crate::stats::Counter;
 use pgrx::pg_sys;
@@ -214,7 +214,8 @@ impl Payloads<'_> {
 }
 
 /// Completes held rows, each `(partition, ctid, input position)`, by their ctids, one statement per partition
-/// (a batch's claims usually went to one), each row with the payload at its input position. Returns how many.
+/// (a batch's claims usually went to one), each row with the payload at its input position. Returns how many:
+/// all of them, as `idem_complete` expects of its one row (the keys' locks keep every other writer out).
 fn complete_rows(call: &mut Call, mut rows: Vec<(pg_sys::Oid, String, usize)>, payloads: &mut Payloads) -> usize {
     rows.sort_unstable_by_key(|&(partition, _, i)| (partition.to_u32(), i));
     let mut done = 0;
@@ -222,7 +223,9 @@ fn complete_rows(call: &mut Call, mut rows: Vec<(pg_sys::Oid, String, usize)>, p
         let ctids: Vec<&str> = run.iter().map(|(_, ctid, _)| ctid.as_str()).collect();
         let at: Vec<usize> = run.iter().map(|&(_, _, i)| i).collect();
         let args = [arg(ctids), payloads.at(&at)];
-        done += call.conn().run_on(&COMPLETE_BY_CTID, run[0].0, &args, Snap::Statement).len();
+        let rows = call.conn().run_on(&COMPLETE_BY_CTID, run[0].0, &args, Snap::Statement);
+        expect_rows(&rows, run.len(), "idem_complete_batch");
+        done += run.len();
     }
     done
 }

@@ -85,7 +85,12 @@ impl Record {
 
 /// An update or delete of one found row version touched exactly that row.
 pub fn expect_one(rows: &Rows, what: &str) {
-    if rows.len() != 1 {
-        panic!("idempotency: {what} touched {} rows instead of 1", rows.len());
+    expect_rows(rows, 1, what);
+}
+
+/// An update or delete of `n` found row versions touched exactly those rows.
+pub fn expect_rows(rows: &Rows, n: usize, what: &str) {
+    if rows.len() != n {
+        panic!("idempotency: {what} touched {} rows instead of {n}", rows.len());
     }
 }
