@@ -24,12 +24,11 @@ Standard library only.
 """
 import datetime
 import glob
-import hashlib
 import os
 import pathlib
-import shutil
-import subprocess
 import sys
+
+import cbuild
 
 # Where Debian's libfaketime package puts the multi-threaded library (the one PostgreSQL, whose
 # processes may start threads, needs).
@@ -52,23 +51,7 @@ WAITS_SOURCE = pathlib.Path(__file__).resolve().parent / "fakeclock_waits.c"
 def waits_library():
     """fakeclock_waits.c built into a shared library under /tmp (readable by the postgres user), once per
     content of the source; its path."""
-    source = WAITS_SOURCE.read_bytes()
-    out = pathlib.Path("/tmp/idem-fakeclock") / f"waits-{hashlib.sha256(source).hexdigest()[:16]}.so"
-    if out.exists():
-        return str(out)
-    cc = shutil.which("cc") or shutil.which("clang") or shutil.which("gcc")
-    if cc is None:
-        raise RuntimeError("no C compiler (cc, clang or gcc) to build tests/fakeclock_waits.c: scripts/install-deps test")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.parent.chmod(0o755)
-    tmp = out.with_suffix(f".{os.getpid()}.tmp")
-    r = subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", str(tmp), str(WAITS_SOURCE), "-ldl"],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        raise RuntimeError(f"building {WAITS_SOURCE} failed: {r.stderr.strip()}")
-    tmp.chmod(0o755)
-    os.replace(tmp, out)
-    return str(out)
+    return cbuild.shared_library(WAITS_SOURCE, "/tmp/idem-fakeclock", "waits", ["-ldl"])
 
 
 def base_env():

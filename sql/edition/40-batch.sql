@@ -109,8 +109,6 @@ DECLARE
     c record;
     k text;
     answers idempotency.claim_answer[];
-    w_from timestamptz;
-    w_to timestamptz;
     wgen bigint;
 BEGIN
     -- The common case, as idem_once_batch's, and a ttl within the limits.
@@ -170,26 +168,30 @@ BEGIN
             ON CONFLICT DO NOTHING
             RETURNING x.key, x.token, x.attempts, x.expires_at)
         SELECT pg_catalog.array_agg(ROW(wr.key, 'claimed', wr.token, wr.attempts, NULL, wr.expires_at)::idempotency.claim_answer),
-               (idempotency.cached_state()).w_from, (idempotency.cached_state()).w_to, (idempotency.cached_state()).gen
-          INTO answers, w_from, w_to, wgen FROM written wr;
+               (idempotency.cached_state()).gen
+          INTO answers, wgen FROM written wr;
         IF wgen IS DISTINCT FROM st.gen
            OR (answers IS NOT NULL
                AND coalesce(pg_catalog.pg_sequence_last_value('idempotency.sealed_upto'::pg_catalog.regclass), 0) OPERATOR(pg_catalog.<>) st.upto) THEN
             -- (A seal since st: under REPEATABLE READ and SERIALIZABLE the snapshot may miss its rows. Another
-            -- change of the state: nothing was written, and the keys go one by one.)
+            -- change of the state: what was written is deleted, and the keys go one by one.)
             PERFORM idempotency.seal_conflict('(batch)', idem_claim_batch.scope)
               WHERE pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed'
                 AND coalesce(pg_catalog.pg_sequence_last_value('idempotency.sealed_upto'::pg_catalog.regclass), 0)
                     OPERATOR(pg_catalog.<>) st.upto;
-            -- (The rows just written, found by key in the range of the partition written (the constants the
-            -- write planned with; a row trigger may have moved a row's created_at, but not out of its partition)
-            -- and as written by this transaction: each key's one such row. Not by key alone: while a seal is
-            -- under way, the long way of an earlier call of this transaction may have written a key into the
-            -- next partition. Their addresses are not collected for this rare case: that cost every batch 1,600
-            -- instructions a key.)
+            -- (The rows just written, found by key in the range of st's write partition and as written by this
+            -- transaction: each key's one such row. Rows are written only where the write's own constants are
+            -- st's generation, so they lie in st's range whatever the constants of the statement's outer SELECT
+            -- (wgen): a state replaced while the statement was planned (an invalidation taken in at a lock or
+            -- a catalog read during planning) gives its later parts the new state's constants, and a range
+            -- taken from there missed the rows, which the long way then answered in_progress (0.9.5; 0.9.6
+            -- fixes it: tests/multisession/test_batch_replan.py). A row trigger may have moved a row's
+            -- created_at, but not out of its partition. Not by key alone: while a seal is under way, the long
+            -- way of an earlier call of this transaction may have written a key into the next partition. Their
+            -- addresses are not collected for this rare case: that cost every batch 1,600 instructions a key.)
             DELETE FROM idempotency.records x
              WHERE answers IS NOT NULL
-               AND x.created_at OPERATOR(pg_catalog.>=) w_from AND x.created_at OPERATOR(pg_catalog.<) w_to
+               AND x.created_at OPERATOR(pg_catalog.>=) st.w_from AND x.created_at OPERATOR(pg_catalog.<) st.w_to
                AND x.key OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT a.key FROM pg_catalog.unnest(answers) a))
                AND x.scope OPERATOR(pg_catalog.=) idem_claim_batch.scope AND idempotency.written_here(x.xmin);
             answers := NULL;
@@ -255,8 +257,6 @@ DECLARE
     ver bigint := idempotency.fast_version(true, false, false, idempotency.cached_state());
     st idempotency.call_state;
     fresh text[];
-    w_from timestamptz;
-    w_to timestamptz;
     wgen bigint;
     maybes text[];
     slow boolean := true;
@@ -322,9 +322,7 @@ BEGIN
              ORDER BY d.k
             ON CONFLICT DO NOTHING
             RETURNING x.key)
-        SELECT pg_catalog.array_agg(wr.key), (idempotency.cached_state()).w_from, (idempotency.cached_state()).w_to,
-               (idempotency.cached_state()).gen
-          INTO fresh, w_from, w_to, wgen FROM written wr;
+        SELECT pg_catalog.array_agg(wr.key), (idempotency.cached_state()).gen INTO fresh, wgen FROM written wr;
         -- (One state from st to the write, as in idem_claim: the filters' statement and the write may have
         -- been planned again after the state was replaced: edition_filter_race.spec.)
         IF wgen OPERATOR(pg_catalog.=) st.gen
@@ -338,10 +336,10 @@ BEGIN
               WHERE pg_catalog.current_setting('transaction_isolation') OPERATOR(pg_catalog.<>) 'read committed'
                 AND coalesce(pg_catalog.pg_sequence_last_value('idempotency.sealed_upto'::pg_catalog.regclass), 0)
                     OPERATOR(pg_catalog.<>) st.upto;
-            -- (The rows just written, by key in the range written, as in idem_claim_batch; none when the
-            -- generations differ.)
+            -- (The rows just written, by key in st's range, as in idem_claim_batch: rows are written only with
+            -- st's constants, whatever wgen says.)
             DELETE FROM idempotency.records x
-             WHERE fresh IS NOT NULL AND x.created_at OPERATOR(pg_catalog.>=) w_from AND x.created_at OPERATOR(pg_catalog.<) w_to
+             WHERE fresh IS NOT NULL AND x.created_at OPERATOR(pg_catalog.>=) st.w_from AND x.created_at OPERATOR(pg_catalog.<) st.w_to
                AND x.key OPERATOR(pg_catalog.=) ANY (fresh) AND x.scope OPERATOR(pg_catalog.=) idem_once_batch.scope
                AND idempotency.written_here(x.xmin);
             fresh := NULL;
