@@ -4,7 +4,11 @@ worker, and a round after every step on both editions, standing for the rounds o
 missed minute is harmless, the next round does what the missed ones would have done).
 After every step's round: partitions premade ahead of need, every past one sealed, every one past retention
 dropped, storage within its bound; sampled keys answer as they must (not new within the retention, gone
-past it)."""
+past it). On the second day a session holds the write partition (ROW EXCLUSIVE, as a consumer's long
+transaction would) through two rounds, so that its seal comes two rounds late and new keys go on into it
+for those 12 hours (their created_at at its last microsecond): it must then be dropped a retention after its
+seal, not after its end (under a loaded machine a seal was left to the next round now and then, and the
+count of retained records, which assumed seals on time, failed)."""
 import datetime
 
 from clocklab import UTC, Case, check_case, partitions
@@ -15,6 +19,7 @@ DAY = datetime.timedelta(days=1)
 RETENTION_DAYS, PREMAKE, STEP_H, DAYS = 30, 4, 6, 40
 STEP = datetime.timedelta(hours=STEP_H)
 SAMPLE = 16
+HOLD_STEPS = (3, 5)  # the write partition held from before step 3's round until before step 5's
 
 
 def day_start(ts):
@@ -38,10 +43,20 @@ def test_a_month_of_retention(server, report):
         for n in range(3):
             case.spawn(Consumer(n, ledger, case.connect, case.stop, seed=30 + n, max_age=1.0))
         seen, sealed_seen, problems, late = set(), set(), [], {}
+        sealed_at, ends = {}, {}  # partition -> when it was sealed, its range's end (once seen)
+        holder = write_partition = None
         deferred = 0
         keys_checked = largest = most_parts = 0
         with case.connect() as c:
             for step in range(DAYS * 24 // STEP_H):
+                if step == HOLD_STEPS[0]:
+                    holder = case.connect("clock-holder")
+                    write_partition = next(p[0] for p in partitions(c) if not p[3])
+                    holder.execute("BEGIN")
+                    holder.execute(f"LOCK TABLE {write_partition} IN ROW EXCLUSIVE MODE")
+                elif step == HOLD_STEPS[1]:
+                    holder.execute("COMMIT")
+                    holder.close()
                 server.clock.step(STEP_H * 3600)
                 rounded = case.round(c)
                 now = c.execute("SELECT clock_timestamp()").fetchone()[0]
@@ -49,6 +64,9 @@ def test_a_month_of_retention(server, report):
                 names = {p[0] for p in parts}
                 seen |= names
                 sealed_seen |= {p[0] for p in parts if p[3]}
+                ends.update((p[0], p[2]) for p in parts)
+                sealed_at.update(c.execute("SELECT partition::text, sealed_at FROM idempotency.partitions"
+                                           " WHERE sealed_at IS NOT NULL").fetchall())
                 horizon = day_start(now) + (PREMAKE + 1) * DAY
                 cutoff = now - RETENTION_DAYS * DAY
                 where = f"step {step} ({now:%Y-%m-%d %H:%M})"
@@ -56,8 +74,10 @@ def test_a_month_of_retention(server, report):
                     problems.append(f"{where}: premade until {max(p[2] for p in parts)}, not {horizon}")
                 # A seal or a drop whose lock does not come within drop_lock_timeout is left to the next
                 # round (consumers keep locks on the partitions they read): on schedule means within a day.
+                # (The held partition's rounds count from the end of the hold.)
+                held = write_partition if HOLD_STEPS[0] <= step < HOLD_STEPS[1] else None
                 for p in parts:
-                    for what, due in (("sealed", p[2] <= now and not p[3]), ("dropped", p[2] <= cutoff)):
+                    for what, due in (("sealed", p[2] <= now and not p[3] and p[0] != held), ("dropped", p[2] <= cutoff)):
                         late[(what, p[0])] = late.get((what, p[0]), 0) + 1 if due else 0
                         if late[(what, p[0])] > 24 // STEP_H:
                             problems.append(f"{where}: {p[0]} not {what} in {late[(what, p[0])]} rounds")
@@ -66,16 +86,19 @@ def test_a_month_of_retention(server, report):
                 if len(parts) > RETENTION_DAYS + PREMAKE + 2:
                     problems.append(f"{where}: {len(parts)} partitions")
                 largest = max(largest, storage(c, not case.sql))
-                # Retained rows: the keys processed since the oldest partition kept began. A lease's record has
-                # the time of its claim, and its business row the time of its completion, up to a step later;
-                # at most a lease per consumer is between its two transactions.
+                # Retained rows: the keys processed since the oldest partition kept began, and since the newest
+                # dropped one was sealed (new keys went into it until then). A lease's record has the time of its
+                # claim, and its business row the time of its completion, up to a step later; at most a lease
+                # per consumer is between its two transactions.
                 kept_from = min(p[1] for p in parts)
+                retained_since = max([kept_from] + [sealed_at.get(n, kept_from) for n in seen - names]) + STEP
                 records, surely, maybe = c.execute(
                     "SELECT (SELECT count(*) FROM idempotency.records),"
                     "       (SELECT count(*) FROM business WHERE at >= %s),"
-                    "       (SELECT count(*) FROM business WHERE at >= %s)", (kept_from + STEP, kept_from)).fetchone()
+                    "       (SELECT count(*) FROM business WHERE at >= %s)", (retained_since, kept_from)).fetchone()
                 if not surely <= records <= maybe + 3:
-                    problems.append(f"{where}: {records} records for {surely} to {maybe} messages since {kept_from}")
+                    problems.append(f"{where}: {records} records for {surely} to {maybe} messages since {kept_from}"
+                                    f" (surely since {retained_since})")
                 sample = c.execute("SELECT key, at FROM business ORDER BY random() LIMIT %s", (SAMPLE,)).fetchall()
                 for key, at in sample:
                     if at > cutoff + STEP:
@@ -95,4 +118,8 @@ def test_a_month_of_retention(server, report):
                    f"{keys_checked} keys checked; {len(problems)} violations")
             assert not problems, "\n".join(problems[:30])
             assert dropped >= DAYS - RETENTION_DAYS - 2, (made, dropped)
-            check_case(case, ledger, report, retained_since=kept_from + STEP)
+            # The held partition's seal came at least two rounds late (else the case tested nothing late).
+            late_seals = {n: at - ends[n] for n, at in sealed_at.items() if at - ends[n] > STEP}
+            report(f"seals later than a step after the partition's end: {late_seals}")
+            assert sealed_at[write_partition] - ends[write_partition] > 2 * STEP, late_seals
+            check_case(case, ledger, report, retained_since=retained_since)
