@@ -265,8 +265,12 @@ BEGIN
     PERFORM pg_catalog.setval('idempotency.sealed_upto',
         GREATEST((SELECT q.last_value FROM idempotency.sealed_upto q),
                             (EXTRACT(epoch FROM r.range_to) OPERATOR(pg_catalog.*) 1000000)::bigint));
-    INSERT INTO idempotency.sealed (partition, partition_name, range_from, range_to)
-    VALUES (part, r.partition_name, r.range_from, r.range_to);
+    -- Sealed as of now, the lock held: every transaction that wrote here began before (the lock waited for
+    -- them), and the partition is dropped a retention after this when it holds keys written after its end.
+    -- (Not this transaction's start, now(), alone: it may have begun before some of them, which then lost
+    -- part of their retention, 0.9.5; never before it, should the clock have been set back.)
+    INSERT INTO idempotency.sealed (partition, partition_name, range_from, range_to, sealed_at)
+    VALUES (part, r.partition_name, r.range_from, r.range_to, GREATEST(pg_catalog.now(), pg_catalog.clock_timestamp()));
     RETURN true;
 END
 $$;

@@ -7,7 +7,7 @@ import datetime
 import pytest
 
 import pgtools
-from clocklab import UTC, Case, check_case
+from clocklab import MAINT_APP, UTC, Case, check_case
 from consumers import Ledger
 
 DAY = datetime.timedelta(days=1)
@@ -40,3 +40,38 @@ def test_a_key_written_before_a_late_seal_keeps_its_retention(server, report):
                    f"{'answered as new' if new else 'still known'} {2 * DAY - datetime.timedelta(hours=1)} later")
             assert not new, f"answered as new within its retention (created_at {created})"
             check_case(case, ledger, report, retained_since=LATE)
+
+
+@pytest.mark.skipif(not pgtools.sql_edition(), reason="the SQL edition's late keys (the native extension writes a key into the "
+                                                      "partition of its time, never into an older one)")
+def test_a_seal_in_a_transaction_begun_before_a_late_key_keeps_its_retention(server, report):
+    """The seal records when it took the partition's lock, not when its transaction began: a key written after
+    the partition's end, while a transaction that then sealed it was already open, keeps its retention from its
+    own time (0.9.5 recorded the transaction's start, and dropped the key an hour early here)."""
+    with Case(server, "seal-time", start=NOON, rate=1, retention="2 days") as case:
+        ledger = Ledger("seal-time")
+        with case.connect() as c, case.connect(MAINT_APP) as m:
+            server.clock.step((LATE - case.now(c)).total_seconds())
+            m.execute("BEGIN")
+            began = m.execute("SELECT now()").fetchone()[0]
+            server.clock.step(3600)
+            c.execute("BEGIN")
+            assert c.execute("SELECT idem_once('late-key')").fetchone()[0]
+            c.execute("INSERT INTO business (key, consumer) VALUES ('late-key', -1)")
+            written = c.execute("SELECT now()").fetchone()[0]
+            c.execute("COMMIT")
+            ledger.committed(["late-key"])
+            m.execute("SELECT FROM idem_maintenance()")   # seals the day before, as of its transaction's start
+            m.execute("COMMIT")
+            sealed = m.execute("SELECT sealed_at FROM idempotency.partitions WHERE range_to <= %s", (LATE,)).fetchall()
+            # Half an hour short of the key's retention: past the sealing transaction's start plus the retention.
+            server.clock.step((written + 2 * DAY - datetime.timedelta(minutes=30) - case.now(c)).total_seconds())
+            case.round(c)
+            c.execute("BEGIN")
+            new = c.execute("SELECT idem_once('late-key')").fetchone()[0]
+            c.execute("ROLLBACK")
+            report(f"a key written at {written:%H:%M:%S}, sealed by a transaction begun at {began:%H:%M:%S}: sealed_at "
+                   f"{[s[0].strftime('%H:%M:%S') for s in sealed]}, {'answered as new' if new else 'still known'} 2 days less 30 min later")
+            assert not new, f"answered as new within its retention (sealed_at {sealed}, written {written})"
+            assert [s[0] >= written for s in sealed] == [True], (sealed, written)
+            check_case(case, ledger, report, retained_since=written)

@@ -1,4 +1,4 @@
--- The SQL edition, 0.9.5 -> 0.9.6. Nothing stored changes; three functions do.
+-- The SQL edition, 0.9.5 -> 0.9.6. Nothing stored changes; four functions do.
 --
 -- idem_claim_batch and idem_once_batch write each new key once, into the write partition, when a seal commits
 -- while their write is being planned. The parts of that statement planned after the session took in the new
@@ -18,7 +18,13 @@
 -- batch. Run by the 0.9.6 plain script over a 0.9.5 install, or by ALTER EXTENSION idempotency UPDATE after the
 -- 0.9.6 idempotency-tle.sql registered this path; in either case one transaction, in the schema of the install.
 
+-- A seal records the time it took its partition's lock (clock_timestamp()), not its transaction's start: a
+-- partition holding keys written after its end is dropped a retention after its seal, and a seal in a
+-- transaction that began before some of those keys were written took part of their retention away
+-- (tests/clock/test_retention.py).
+
 -- Every function that changed in 0.9.6, from the sources (CREATE OR REPLACE keeps their grants and comments).
+--@include 20-partitions.sql: idempotency.seal_partition_within
 --@include 40-batch.sql: idem_claim_batch
 --@include 40-batch.sql: idem_once_batch
 --@include 42-complete-batch.sql
