@@ -15,6 +15,16 @@ NOON = datetime.datetime(2026, 12, 5, 12, 0, tzinfo=UTC)
 LATE = NOON + datetime.timedelta(hours=20)  # 08:00 the next day; the last round ran at noon the day before
 
 
+def _new_after_a_round(server, case, c, at):
+    """Whether 'late-key' is answered as new by idem_once (rolled back) after a round at `at` (the clock set there)."""
+    server.clock.step((at - case.now(c)).total_seconds())
+    case.round(c)
+    c.execute("BEGIN")
+    new = c.execute("SELECT idem_once('late-key')").fetchone()[0]
+    c.execute("ROLLBACK")
+    return new
+
+
 def test_a_key_written_before_a_late_seal_keeps_its_retention(server, report):
     with Case(server, "late-seal", start=NOON, rate=1, retention="2 days") as case:
         ledger = Ledger("late")
@@ -31,11 +41,7 @@ def test_a_key_written_before_a_late_seal_keeps_its_retention(server, report):
             ledger.committed(["late-key"])
             created = c.execute("SELECT created_at FROM idem_status('late-key')").fetchone()[0]
             # Two days later, less an hour: within the key's retention; its day before is past it.
-            server.clock.step((LATE + 2 * DAY - datetime.timedelta(hours=1) - case.now(c)).total_seconds())
-            case.round(c)
-            c.execute("BEGIN")
-            new = c.execute("SELECT idem_once('late-key')").fetchone()[0]
-            c.execute("ROLLBACK")
+            new = _new_after_a_round(server, case, c, LATE + 2 * DAY - datetime.timedelta(hours=1))
             report(f"a key written at {LATE:%H:%M} after a day without rounds: created_at {created:%Y-%m-%d %H:%M:%S}, "
                    f"{'answered as new' if new else 'still known'} {2 * DAY - datetime.timedelta(hours=1)} later")
             assert not new, f"answered as new within its retention (created_at {created})"
@@ -65,11 +71,7 @@ def test_a_seal_in_a_transaction_begun_before_a_late_key_keeps_its_retention(ser
             m.execute("COMMIT")
             sealed = m.execute("SELECT sealed_at FROM idempotency.partitions WHERE range_to <= %s", (LATE,)).fetchall()
             # Half an hour short of the key's retention: past the sealing transaction's start plus the retention.
-            server.clock.step((written + 2 * DAY - datetime.timedelta(minutes=30) - case.now(c)).total_seconds())
-            case.round(c)
-            c.execute("BEGIN")
-            new = c.execute("SELECT idem_once('late-key')").fetchone()[0]
-            c.execute("ROLLBACK")
+            new = _new_after_a_round(server, case, c, written + 2 * DAY - datetime.timedelta(minutes=30))
             report(f"a key written at {written:%H:%M:%S}, sealed by a transaction begun at {began:%H:%M:%S}: sealed_at "
                    f"{[s[0].strftime('%H:%M:%S') for s in sealed]}, {'answered as new' if new else 'still known'} 2 days less 30 min later")
             assert not new, f"answered as new within its retention (sealed_at {sealed}, written {written})"
