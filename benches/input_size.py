@@ -54,13 +54,19 @@ def once_one_group(conn, n, run):
     conn.execute(f"SET idempotency.key_locks_per_transaction = {n}")
 
 
-def claimed_earlier(conn, n, run):
-    """Claims n keys (committed) and keeps them, their tokens and payloads in the temporary table claimed."""
+def _kept_in(conn, n, run, table, columns):
+    """New keys of a batch of n (their limits set for it) and their scope, and the temporary table that keeps them
+    emptied."""
     conn.execute(f"SET idempotency.max_batch_keys = {n}")
     conn.execute("SET idempotency.key_locks_per_transaction = 32")
-    conn.execute("CREATE TEMP TABLE IF NOT EXISTS claimed (scope text, keys text[], tokens bigint[], payloads jsonb[])")
-    conn.execute("TRUNCATE claimed")
-    keys, scope = new_keys(n, run)
+    conn.execute(f"CREATE TEMP TABLE IF NOT EXISTS {table} ({columns})")
+    conn.execute(f"TRUNCATE {table}")
+    return new_keys(n, run)
+
+
+def claimed_earlier(conn, n, run):
+    """Claims n keys (committed) and keeps them, their tokens and payloads in the temporary table claimed."""
+    keys, scope = _kept_in(conn, n, run, "claimed", "scope text, keys text[], tokens bigint[], payloads jsonb[]")
     conn.execute("INSERT INTO claimed SELECT %s, array_agg(c.key ORDER BY c.n), array_agg(c.token ORDER BY c.n), "
                  "array_agg(jsonb_build_object('n', c.n) ORDER BY c.n) "
                  "FROM idem_claim_batch(%s::text[], '1 hour', %s) WITH ORDINALITY AS c(key, outcome, token, attempts, "
@@ -69,11 +75,7 @@ def claimed_earlier(conn, n, run):
 
 def settled_earlier(conn, n, run):
     """Records n keys as completed (idem_once_batch, committed) and keeps them in the temporary table settled."""
-    conn.execute(f"SET idempotency.max_batch_keys = {n}")
-    conn.execute("SET idempotency.key_locks_per_transaction = 32")
-    conn.execute("CREATE TEMP TABLE IF NOT EXISTS settled (scope text, keys text[])")
-    conn.execute("TRUNCATE settled")
-    keys, scope = new_keys(n, run)
+    keys, scope = _kept_in(conn, n, run, "settled", "scope text, keys text[]")
     conn.execute("SELECT count(*) FROM idem_once_batch(%s::text[], %s)", [keys, scope])
     conn.execute("INSERT INTO settled VALUES (%s, %s::text[])", [scope, keys])
 
