@@ -42,6 +42,7 @@ pause_after_insert_source(PlannerInfo *root, RelOptInfo *rel, Index rti, RangeTb
 		LOCKTAG tag;
 		int64 key = advisory_key;
 
+		/* Once: cleared here, not through the GUC machinery (SHOW reads 0 from now on, as it should). */
 		advisory_key = 0;
 		/* pg_advisory_lock(bigint)'s tag */
 		SET_LOCKTAG_ADVISORY(tag, MyDatabaseId, (uint32) (key >> 32), (uint32) key, 1);
@@ -57,6 +58,7 @@ _PG_init(void)
 	DefineCustomIntVariable("planpause.advisory_key",
 							"Advisory lock the next INSERT ... SELECT waits for, once its source is planned (0: none).",
 							NULL, &advisory_key, 0, 0, INT_MAX, PGC_USERSET, 0, NULL, NULL, NULL);
+	MarkGUCPrefixReserved("planpause");
 	previous_hook = set_rel_pathlist_hook;
 	set_rel_pathlist_hook = pause_after_insert_source;
 }

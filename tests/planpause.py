@@ -13,4 +13,6 @@ def library():
     """The module's path, built once per content of the source and per server's headers."""
     include = subprocess.run([str(pgtools.pg().pg_config), "--includedir-server"], capture_output=True, text=True,
                              check=True).stdout.strip()
-    return cbuild.shared_library(SOURCE, "/tmp/idem-planpause", "planpause", [f"-I{include}"])
+    # (-fwrapv and -fno-strict-aliasing, as PostgreSQL itself is compiled)
+    return cbuild.shared_library(SOURCE, "/tmp/idem-planpause", "planpause",
+                                 ["-fwrapv", "-fno-strict-aliasing", f"-I{include}"])

@@ -132,9 +132,11 @@ BEGIN
         END IF;
     END IF;
     -- The keys no other partition holds, written at once, in key order, when the state's constants
-    -- (idempotency.cached_state, folded into the statement's plan) are st's (its generation); the write says
-    -- the generation it planned with, and sealed_upto is checked after it (as idem_claim's). Otherwise, or when a seal
-    -- moved past the write partition meanwhile (the rows deleted), every key goes the long way below.
+    -- (idempotency.cached_state, folded into the statement's plan) are st's (its generation); the statement's
+    -- outer SELECT says the generation its own part was planned with (wgen: planned last, after the write's
+    -- source, whose WHERE holds the test of st's generation: keep them so), and sealed_upto is checked after it
+    -- (as idem_claim's). Otherwise, or when a seal moved past the write partition meanwhile (the rows deleted),
+    -- every key goes the long way below.
     -- (st's generation, as in idem_once_batch: NULL when it came from the tables, or when the snapshot does
     -- not see a filter the state counts on.)
     IF st.gen OPERATOR(pg_catalog.=) (idempotency.cached_state()).gen THEN
@@ -182,8 +184,9 @@ BEGIN
             -- (The rows just written, found by key in the range of st's write partition and as written by this
             -- transaction: each key's one such row. Rows are written only where the write's own constants are
             -- st's generation, so they lie in st's range whatever the constants of the statement's outer SELECT
-            -- (wgen): a state replaced while the statement was planned (an invalidation taken in at a lock or
-            -- a catalog read during planning) gives its later parts the new state's constants, and a range
+            -- (wgen): a state replaced while the statement was planned (an invalidation taken in at a lock the
+            -- planning takes anew, a catalog's on a cache miss among them) gives its later parts the new state's
+            -- constants, and a range
             -- taken from there missed the rows, which the long way then answered in_progress (0.9.5; 0.9.6
             -- fixes it: tests/multisession/test_batch_replan.py). A row trigger may have moved a row's
             -- created_at, but not out of its partition. Not by key alone: while a seal is under way, the long

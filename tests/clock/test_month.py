@@ -19,7 +19,7 @@ DAY = datetime.timedelta(days=1)
 RETENTION_DAYS, PREMAKE, STEP_H, DAYS = 30, 4, 6, 40
 STEP = datetime.timedelta(hours=STEP_H)
 SAMPLE = 16
-HOLD_STEPS = (3, 5)  # the write partition held from before step 3's round until before step 5's
+HOLD_STEPS = (3, 5)  # the write partition held from before step 3's clock step until after step 5's
 
 
 def day_start(ts):
@@ -54,10 +54,10 @@ def test_a_month_of_retention(server, report):
                     write_partition = next(p[0] for p in partitions(c) if not p[3])
                     holder.execute("BEGIN")
                     holder.execute(f"LOCK TABLE {write_partition} IN ROW EXCLUSIVE MODE")
-                elif step == HOLD_STEPS[1]:
+                server.clock.step(STEP_H * 3600)
+                if step == HOLD_STEPS[1]:
                     holder.execute("COMMIT")
                     holder.close()
-                server.clock.step(STEP_H * 3600)
                 rounded = case.round(c)
                 now = c.execute("SELECT clock_timestamp()").fetchone()[0]
                 parts = partitions(c)
@@ -74,10 +74,12 @@ def test_a_month_of_retention(server, report):
                     problems.append(f"{where}: premade until {max(p[2] for p in parts)}, not {horizon}")
                 # A seal or a drop whose lock does not come within drop_lock_timeout is left to the next
                 # round (consumers keep locks on the partitions they read): on schedule means within a day.
-                # (The held partition's rounds count from the end of the hold.)
+                # (The held partition's rounds count from the end of the hold. The SQL edition drops a partition
+                # that holds keys written after its end a retention after its seal: its rounds count from then.)
                 held = write_partition if HOLD_STEPS[0] <= step < HOLD_STEPS[1] else None
                 for p in parts:
-                    for what, due in (("sealed", p[2] <= now and not p[3] and p[0] != held), ("dropped", p[2] <= cutoff)):
+                    drop_from = max(p[2], sealed_at.get(p[0], p[2])) if case.sql else p[2]
+                    for what, due in (("sealed", p[2] <= now and not p[3] and p[0] != held), ("dropped", drop_from <= cutoff)):
                         late[(what, p[0])] = late.get((what, p[0]), 0) + 1 if due else 0
                         if late[(what, p[0])] > 24 // STEP_H:
                             problems.append(f"{where}: {p[0]} not {what} in {late[(what, p[0])]} rounds")
@@ -118,8 +120,10 @@ def test_a_month_of_retention(server, report):
                    f"{keys_checked} keys checked; {len(problems)} violations")
             assert not problems, "\n".join(problems[:30])
             assert dropped >= DAYS - RETENTION_DAYS - 2, (made, dropped)
-            # The held partition's seal came at least two rounds late (else the case tested nothing late).
+            # The held partition's seal came late (else the case tested nothing late): on the SQL edition, whose
+            # rounds are the steps', at the first round after the hold, over two steps after the partition's end;
+            # the native worker's rounds (every second) may take the lock at the release, before that step's.
             late_seals = {n: at - ends[n] for n, at in sealed_at.items() if at - ends[n] > STEP}
             report(f"seals later than a step after the partition's end: {late_seals}")
-            assert sealed_at[write_partition] - ends[write_partition] > 2 * STEP, late_seals
+            assert sealed_at[write_partition] - ends[write_partition] > (2 if case.sql else 1) * STEP, late_seals
             check_case(case, ledger, report, retained_since=retained_since)

@@ -2,9 +2,9 @@
 
 The SQL edition's batches write their new keys in one statement whose constants (the write partition, the
 state's generation) come from idempotency.cached_state(), folded in when the statement is planned. A state
-replaced while that statement is planned (the session takes in the invalidation at a lock or a catalog read
-on the way) gives the parts planned after that moment the new state's constants, and the parts planned
-before it the old ones: the write went by the old state and put the keys into the partition that was just
+replaced while that statement is planned (the session takes in the invalidation at a lock its planning takes
+anew, a catalog's on a cache miss among them) gives the parts planned after that moment the new state's
+constants, and the parts planned before it the old ones: the write went by the old state and put the keys into the partition that was just
 sealed, while the statement's outer SELECT said the new one. 0.9.5 then deleted the rows it had written by
 the new state's range, found none, and the long way found them in the sealed partition: idem_claim_batch
 answered its new keys in_progress (seen in the clock layer's month, tests/clock/test_month.py, about one run
@@ -76,13 +76,16 @@ def test_a_batch_planned_across_a_seal_writes_its_keys_once(cluster, db, report,
         t = threading.Thread(target=batch, daemon=True)
         t.start()
         try:
-            # Until the batch's planning waits for the lock (or the batch ended without pausing, a failure).
-            while t.is_alive() and not b.execute(
+            # Until the batch's planning waits for the lock (or the batch ended without pausing, or stopped
+            # elsewhere: failures).
+            deadline = time.monotonic() + 60
+            while t.is_alive() and time.monotonic() < deadline and not b.execute(
                     "SELECT EXISTS (SELECT FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND pid = %s)",
                     (a_pid,)).fetchone()[0]:
                 time.sleep(0.01)
-            paused = t.is_alive()
-            b.execute("SELECT FROM idem_maintenance(now() + interval '1 day')")
+            paused = t.is_alive() and time.monotonic() < deadline
+            if paused:
+                b.execute("SELECT FROM idem_maintenance(now() + interval '1 day')")
             moved_to = _write_partition(b)
         finally:
             b.execute("SELECT pg_advisory_unlock(%s)", (ADVISORY_KEY,))

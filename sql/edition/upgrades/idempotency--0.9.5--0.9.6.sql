@@ -2,9 +2,9 @@
 --
 -- idem_claim_batch and idem_once_batch write each new key once, into the write partition, when a seal commits
 -- while their write is being planned. The parts of that statement planned after the session took in the new
--- state (at a lock or a catalog read during planning) held the new state's constants, the write the old
--- one's: the keys went into the partition just sealed, and the rows were then looked for in the new write
--- partition's range, not found, and left there. idem_claim_batch answered those new keys in_progress, and
+-- state (at a lock its planning took anew, a catalog's on a cache miss among them) held the new state's
+-- constants, the write the old one's: the keys went into the partition just sealed, and the rows were then
+-- looked for in the new write partition's range, not found, and left there. idem_claim_batch answered those new keys in_progress, and
 -- idem_once_batch answered them as seen before, so that their messages went unprocessed
 -- (tests/multisession/test_batch_replan.py). The rows are now found in the range of the state the write used.
 --
