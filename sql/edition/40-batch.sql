@@ -186,12 +186,12 @@ BEGIN
             -- st's generation, so they lie in st's range whatever the constants of the statement's outer SELECT
             -- (wgen): a state replaced while the statement was planned (an invalidation taken in at a lock the
             -- planning takes anew, a catalog's on a cache miss among them) gives its later parts the new state's
-            -- constants, and a range
-            -- taken from there missed the rows, which the long way then answered in_progress (0.9.5; 0.9.6
-            -- fixes it: tests/multisession/test_batch_replan.py). A row trigger may have moved a row's
-            -- created_at, but not out of its partition. Not by key alone: while a seal is under way, the long
-            -- way of an earlier call of this transaction may have written a key into the next partition. Their
-            -- addresses are not collected for this rare case: that cost every batch 1,600 instructions a key.)
+            -- constants, and a range taken from there missed the rows, which the long way then answered
+            -- in_progress (0.9.5; 0.9.6 fixes it: tests/multisession/test_batch_replan.py). A row trigger may
+            -- have moved a row's created_at, but not out of its partition. Not by key alone: while a seal is
+            -- under way, the long way of an earlier call of this transaction may have written a key into the
+            -- next partition. Their addresses are not collected for this rare case: that cost every batch 1,600
+            -- instructions a key.)
             DELETE FROM idempotency.records x
              WHERE answers IS NOT NULL
                AND x.created_at OPERATOR(pg_catalog.>=) st.w_from AND x.created_at OPERATOR(pg_catalog.<) st.w_to
