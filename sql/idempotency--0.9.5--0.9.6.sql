@@ -1,7 +1,7 @@
 -- 0.9.5 -> 0.9.6: the native extension's schema and what it stores do not change; there is nothing to do.
 -- The 0.9.6 library's batches are linear in a batch's size where two paths were not (src/storage/pg/direct.rs,
 -- src/storage/batch.rs), and the SQL edition's 0.9.6 writes a batch's new keys once when a seal commits during
--- the write's planning, and plans its batches' reads by the key index whatever the statistics
+-- the write's planning, and records a seal's time when it took its lock
 -- (sql/edition/upgrades/idempotency--0.9.5--0.9.6.sql); the two editions share one version number,
 -- the crate's. ALTER EXTENSION idempotency UPDATE only records the new version, after PostgreSQL loads the 0.9.6
 -- library.

@@ -95,12 +95,9 @@ $$;
 CREATE TYPE idempotency.claim_answer AS (key text, outcome text, token bigint, attempts integer, payload jsonb,
                                          expires_at timestamptz);
 
--- (enable_seqscan off: its reads by key = ANY (keys) go through the key index whatever the statistics were when
--- the session planned them; planned on a small partition, they scanned it and tested each row against every key.)
 CREATE FUNCTION idem_claim_batch(keys text[], ttl interval DEFAULT NULL, scope text DEFAULT 'default')
 RETURNS TABLE (key text, outcome text, token bigint, attempts integer, payload jsonb, expires_at timestamptz)
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET plan_cache_mode = force_generic_plan
-SET enable_seqscan = off AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     ver bigint := idempotency.fast_version(true, true, false, idempotency.cached_state());
     s idempotency.settings;

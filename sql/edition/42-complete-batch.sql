@@ -5,7 +5,7 @@ CREATE FUNCTION idem_complete_batch(keys text[], payloads jsonb[] DEFAULT NULL, 
                                     tokens bigint[] DEFAULT NULL)
 RETURNS integer
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET plan_cache_mode = force_generic_plan
-SET enable_nestloop = off SET enable_seqscan = off AS $$
+SET enable_nestloop = off AS $$
 DECLARE
     ver bigint := idempotency.fast_version(false, false, true, idempotency.cached_state());
     s idempotency.settings;
@@ -60,10 +60,8 @@ BEGIN
          WHERE x.created_at OPERATOR(pg_catalog.>=) (idempotency.cached_state()).w_from
            AND x.created_at OPERATOR(pg_catalog.<) (idempotency.cached_state()).w_to
            AND x.key OPERATOR(pg_catalog.=) v.k AND x.scope OPERATOR(pg_catalog.=) idem_complete_batch.scope
-           -- (the keys again, as an index condition: the plan looks each one up whatever the statistics say,
-           -- enable_seqscan being off, and joins them to their positions by hashing, enable_nestloop being off:
-           -- time linear in the batch. The plan is made once a session: made on a small partition without those
-           -- settings, it scanned the partition and tested each row against every key.)
+           -- (the keys again, as an index condition: the plan looks each one up whatever the statistics say, and
+           -- joins them to their positions by hashing, enable_nestloop being off: time linear in the batch)
            AND x.key OPERATOR(pg_catalog.=) ANY (idem_complete_batch.keys)
            AND x.status OPERATOR(pg_catalog.=) 'pending'
            AND CASE WHEN idem_complete_batch.tokens[v.i] IS NOT NULL THEN x.token OPERATOR(pg_catalog.=) idem_complete_batch.tokens[v.i]

@@ -1,31 +1,24 @@
--- The SQL edition, 0.9.5 -> 0.9.6. Nothing stored changes; four functions do.
+-- The SQL edition, 0.9.5 -> 0.9.6. Nothing stored changes; three functions do.
 --
 -- idem_claim_batch and idem_once_batch write each new key once, into the write partition, when a seal commits
 -- while their write is being planned. The parts of that statement planned after the session took in the new
 -- state (at a lock its planning took anew, a catalog's on a cache miss among them) held the new state's
 -- constants, the write the old one's: the keys went into the partition just sealed, and the rows were then
--- looked for in the new write partition's range, not found, and left there. idem_claim_batch answered those new keys in_progress, and
--- idem_once_batch answered them as seen before, so that their messages went unprocessed
--- (tests/multisession/test_batch_replan.py). The rows are now found in the range of the state the write used.
+-- looked for in the new write partition's range, not found, and left there. idem_claim_batch answered those
+-- new keys in_progress, and idem_once_batch answered them as seen before, so that their messages went
+-- unprocessed (tests/multisession/test_batch_replan.py). The rows are now found in the range of the state the
+-- write used.
 --
--- idem_claim_batch and idem_complete_batch read the keys of a batch through the records' (key, scope) index
--- whatever the statistics said when the session planned them. Their statements are planned once a session
--- (plan_cache_mode = force_generic_plan), from the statistics of that moment: planned while the write partition was small (a new day's partition, a new
--- database), the settled keys of a batch delivered again, and the keys idem_complete_batch settles, were read by
--- a scan of the whole partition testing each row against every key of the batch, time growing with the batch
--- times the partition (idem_complete_batch of 10,000 keys in benches/input-size: 1.55 s, against 0.17 s now).
--- Both functions now run with enable_seqscan off, which leaves the index (or a bitmap of it): time linear in the
--- batch. Run by the 0.9.6 plain script over a 0.9.5 install, or by ALTER EXTENSION idempotency UPDATE after the
--- 0.9.6 idempotency-tle.sql registered this path; in either case one transaction, in the schema of the install.
-
 -- A seal records the time it took its partition's lock (clock_timestamp()), not its transaction's start: a
 -- partition holding keys written after its end is dropped a retention after its seal, and a seal in a
 -- transaction that began before some of those keys were written took part of their retention away
 -- (tests/clock/test_retention.py).
+--
+-- Run by the 0.9.6 plain script over a 0.9.5 install, or by ALTER EXTENSION idempotency UPDATE after the
+-- 0.9.6 idempotency-tle.sql registered this path; in either case one transaction, in the schema of the install.
 
 -- Every function that changed in 0.9.6, from the sources (CREATE OR REPLACE keeps their grants and comments).
 --@include 20-partitions.sql: idempotency.seal_partition_within
 --@include 40-batch.sql: idem_claim_batch
 --@include 40-batch.sql: idem_once_batch
---@include 42-complete-batch.sql
 --@include 90-finalize.sql

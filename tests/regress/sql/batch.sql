@@ -363,27 +363,6 @@ SELECT idem_complete_batch(ARRAY['gq-1', 'gq-2', 'gq-3'], NULL, 'gp',
                                    FROM gq g ORDER BY g.key));
 SELECT g.key, s.status FROM gq g, idem_status(g.key, 'gp') s ORDER BY g.key;
 RESET idempotency.key_locks_per_transaction;
--- The batches read a batch's keys through the key index, whatever the statistics said when the session planned
--- them: planned while the partition was small (statistics gathered now, its few rows), then run on a large one,
--- the settled keys of a batch delivered again and the keys completed were read by a scan of the whole
--- partition, each row tested against every key (time growing with the batch times the partition).
-ANALYZE idempotency.records;
-CREATE TEMP TABLE ss AS SELECT key, token FROM idem_claim_batch(ARRAY['ss-1', 'ss-2', 'ss-3', 'ss-4'], scope => 'ss');
-SELECT key, outcome FROM idem_claim_batch(ARRAY['gp-1', 'gp-2'], scope => 'gp');
-SELECT idem_complete_batch(ARRAY['ss-1'], NULL, 'ss', ARRAY(SELECT token FROM ss WHERE key = 'ss-1')) AS completed;
-SET idempotency.max_batch_keys = 20000;
-SELECT count(*) AS written FROM idem_once_batch(ARRAY(SELECT 'ss-big-' || g FROM generate_series(1, 20000) g), 'ss-big');
-RESET idempotency.max_batch_keys;
--- (A backend's table counts are published when it is idle outside a transaction: inside one, they only grow.)
-BEGIN;
-SELECT coalesce(sum(t.seq_scan), 0) AS scans_before
-  FROM pg_stat_xact_user_tables t WHERE t.schemaname = 'idempotency' AND t.relname LIKE 'records%' \gset
-SELECT key, outcome FROM idem_claim_batch(ARRAY['gp-1', 'gp-2', 'gp-3'], scope => 'gp');
-SELECT idem_complete_batch(ARRAY['ss-2', 'ss-3', 'ss-4'], NULL, 'ss', ARRAY(SELECT token FROM ss WHERE key <> 'ss-1' ORDER BY key))
-       AS completed;
-SELECT coalesce(sum(t.seq_scan), 0) - :scans_before AS records_scanned_whole
-  FROM pg_stat_xact_user_tables t WHERE t.schemaname = 'idempotency' AND t.relname LIKE 'records%';
-COMMIT;
 
 -----------------------------------------------------------------------------
 -- Privileges: idempotency_consumer may call the batch functions; a plain role may not,
