@@ -247,8 +247,8 @@ def check_case(case, ledger, report, *, retained_since=None):
 
 
 def partitions(conn):
-    """(name, range_from, range_to, sealed) of every partition, oldest first."""
-    return conn.execute("SELECT partition::text, range_from, range_to, sealed_at IS NOT NULL"
+    """(name, range_from, range_to, sealed, sealed_at) of every partition, oldest first."""
+    return conn.execute("SELECT partition::text, range_from, range_to, sealed_at IS NOT NULL, sealed_at"
                         "  FROM idempotency.partitions ORDER BY range_from").fetchall()
 
 

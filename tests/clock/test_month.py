@@ -65,8 +65,7 @@ def test_a_month_of_retention(server, report):
                 seen |= names
                 sealed_seen |= {p[0] for p in parts if p[3]}
                 ends.update((p[0], p[2]) for p in parts)
-                sealed_at.update(c.execute("SELECT partition::text, sealed_at FROM idempotency.partitions"
-                                           " WHERE sealed_at IS NOT NULL").fetchall())
+                sealed_at.update((p[0], p[4]) for p in parts if p[3])
                 horizon = day_start(now) + (PREMAKE + 1) * DAY
                 cutoff = now - RETENTION_DAYS * DAY
                 where = f"step {step} ({now:%Y-%m-%d %H:%M})"
