@@ -3,6 +3,7 @@ its retention settings for either edition), maintenance running (the native work
 every minute of the fake clock for the SQL edition), a watcher of the maintenance rounds' lock waits, and
 the checks that close every case.
 """
+import contextlib
 import datetime
 import re
 import threading
@@ -46,6 +47,8 @@ class Case:
         self.worker_s = None  # the native worker's maintenance_interval; default about a fake minute
         self.sql = pgtools.sql_edition()
         self.stop = threading.Event()
+        self.gate = None  # a consumers.Gate the case's consumers pass (see quiet)
+        self.scheduling = threading.Lock()  # held by the SQL edition's scheduler during its round
         self.threads = []
         self.watcher = None
         self.log_from = 0
@@ -123,7 +126,8 @@ class Case:
             if self.maint_tz:
                 m.execute(f"SET TimeZone = '{self.maint_tz}'")
             while not self.stop.is_set():
-                self.round(m)
+                with self.scheduling:
+                    self.round(m)
                 now = self.now(m)
                 nxt = now.replace(second=0, microsecond=0) + datetime.timedelta(minutes=1)
                 self.stop.wait(max(0.0, (nxt - now).total_seconds() / self.rate))
@@ -134,6 +138,21 @@ class Case:
             with self.connect(MAINT_APP) as m:
                 return self.round(m)
         return conn.execute("SELECT * FROM idem_maintenance()").fetchone()
+
+    @contextlib.contextmanager
+    def quiet(self):
+        """No consumer of the case's gate in a transaction and no scheduled round running, for the block: a
+        round made there has no writer to wait for and no other round to find under way (a SQL edition's
+        round then does nothing; the native one waits for the worker's)."""
+        consumers = [t for t in self.threads if self.gate is not None and getattr(t, "gate", None) is self.gate]
+        if consumers:
+            self.gate.close(consumers)
+        try:
+            with self.scheduling:
+                yield
+        finally:
+            if consumers:
+                self.gate.open()
 
     def sleep_fake(self, seconds):
         """Waits while the fake clock runs `seconds` (real time: seconds / rate)."""

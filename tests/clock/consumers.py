@@ -63,18 +63,50 @@ class Ledger:
             return rng.choice(self.done[first:]) if first < len(self.done) else None
 
 
+class Gate:
+    """Parks consumers between two messages, with no transaction open, while it is closed: a test that needs a
+    round with no consumer writing (a seal that must not be deferred) closes it for that round."""
+
+    def __init__(self):
+        self.cond = threading.Condition()
+        self.closed = False
+        self.parked = set()
+
+    def passage(self, consumer):
+        """Called by a consumer between two messages: waits there while the gate is closed."""
+        with self.cond:
+            while self.closed and not consumer.stop.is_set():
+                self.parked.add(consumer)
+                self.cond.notify_all()
+                self.cond.wait()
+            self.parked.discard(consumer)
+
+    def close(self, consumers):
+        """Closes the gate; returns once each of `consumers` still running is parked."""
+        with self.cond:
+            self.closed = True
+            while any(c.is_alive() and c not in self.parked for c in consumers):
+                self.cond.wait(0.05)  # polled too: a consumer that stops (crashes) parks nowhere
+
+    def open(self):
+        with self.cond:
+            self.closed = False
+            self.cond.notify_all()
+
+
 class Consumer(threading.Thread):
     """One consumer: until stop is set (or `budget` messages are done), processes new messages and, one time
     in `redeliver`, re-delivers a done one. `connect()` opens its session; `setup` runs once in it (SET
     TimeZone ...). `max_age`: a re-delivery picks keys done at most that many real seconds ago (still
-    retained)."""
+    retained). `gate` (a Gate): passed between two messages."""
 
     def __init__(self, n, ledger, connect, stop, *, seed, redeliver=4, budget=None, setup=(), max_age=None,
-                 ttl="5 min"):
+                 ttl="5 min", gate=None):
         super().__init__(daemon=True, name=f"consumer-{n}")
         self.n, self.ledger, self.connect, self.stop = n, ledger, connect, stop
         self.rng = random.Random(seed)
         self.redeliver, self.budget, self.setup, self.max_age, self.ttl = redeliver, budget, setup, max_age, ttl
+        self.gate = gate
         self.offset = 0
         self.crashed = None
 
@@ -85,6 +117,8 @@ class Consumer(threading.Thread):
                     c.execute(statement)
                 done = 0
                 while not self.stop.is_set() and (self.budget is None or done < self.budget):
+                    if self.gate is not None:
+                        self.gate.passage(self)
                     self.one(c)
                     done += 1
         except Exception as e:  # noqa: BLE001 - kept for the checks, which fail on it

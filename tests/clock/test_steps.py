@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 from clocklab import UTC, Case, check_case, partitions
-from consumers import Consumer, Ledger
+from consumers import Consumer, Gate, Ledger
 
 START = datetime.datetime(2026, 11, 30, 23, 30, tzinfo=UTC)
 MIDNIGHT = datetime.datetime(2026, 12, 1, tzinfo=UTC)
@@ -96,16 +96,21 @@ def test_clock_steps(server, report):
     case.worker_s = 1
     with case:
         ledger = Ledger("steps")
+        case.gate = Gate()
         case.run_maintenance()
         for n in range(3):
-            case.spawn(Consumer(n, ledger, case.connect, case.stop, seed=20 + n, ttl="3 min"))
+            case.spawn(Consumer(n, ledger, case.connect, case.stop, seed=20 + n, ttl="3 min", gate=case.gate))
         with case.connect() as c:
             case.round(c)
             # Forwards an hour across midnight, a transaction of the day before open: its day cannot be sealed
             # until it commits (the seal waits drop_lock_timeout, then leaves it to the next round).
             held = held_step(case, 3600, "fwd", report)
             yesterday = [p for p in partitions(c) if p[2] == MIDNIGHT]
-            case.round(c)
+            # The first round after it commits seals that day. With the consumers parked and no scheduled round
+            # under way: a consumer completing yesterday's lease may hold the partition past drop_lock_timeout,
+            # and the SQL edition's round does nothing while the scheduler's runs.
+            with case.quiet():
+                case.round(c)
             assert [p[3] for p in partitions(c) if p[2] == MIDNIGHT] == [True], yesterday
             between_rounds(case, 3600)
             # Back to just after midnight, yesterday sealed; then back behind the seal, by 5 s and by 2 min.
