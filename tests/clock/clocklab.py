@@ -145,9 +145,9 @@ class Case:
         round made there has no writer to wait for and no other round to find under way (a SQL edition's
         round then does nothing; the native one waits for the worker's)."""
         consumers = [t for t in self.threads if self.gate is not None and getattr(t, "gate", None) is self.gate]
-        if consumers:
-            self.gate.close(consumers)
         try:
+            if consumers:
+                self.gate.close(consumers)
             with self.scheduling:
                 yield
         finally:

@@ -75,17 +75,24 @@ class Gate:
     def passage(self, consumer):
         """Called by a consumer between two messages: waits there while the gate is closed."""
         with self.cond:
-            while self.closed and not consumer.stop.is_set():
+            if self.closed and not consumer.stop.is_set():
                 self.parked.add(consumer)
-                self.cond.notify_all()
-                self.cond.wait()
+                self.cond.notify_all()  # once, for close(): the other parked consumers wait on
+                while self.closed and not consumer.stop.is_set():
+                    self.cond.wait()
             self.parked.discard(consumer)
 
-    def close(self, consumers):
-        """Closes the gate; returns once each of `consumers` still running is parked."""
+    def close(self, consumers, within_s=60):
+        """Closes the gate; returns once each of `consumers` still running is parked. A consumer not parked
+        within `within_s` (stuck in a statement) fails the case rather than hanging it."""
+        deadline = time.monotonic() + within_s
         with self.cond:
             self.closed = True
-            while any(c.is_alive() and c not in self.parked for c in consumers):
+            while True:
+                running = [c.name for c in consumers if c.is_alive() and c not in self.parked]
+                if not running:
+                    return
+                assert time.monotonic() < deadline, f"not parked within {within_s} s: {running}"
                 self.cond.wait(0.05)  # polled too: a consumer that stops (crashes) parks nowhere
 
     def open(self):
