@@ -12,6 +12,7 @@ import time
 import psycopg
 
 import pgtools
+from consumers import Gate
 
 UTC = datetime.timezone.utc
 DB = "clock_case"
@@ -47,7 +48,7 @@ class Case:
         self.worker_s = None  # the native worker's maintenance_interval; default about a fake minute
         self.sql = pgtools.sql_edition()
         self.stop = threading.Event()
-        self.gate = None  # a consumers.Gate the case's consumers pass (see quiet)
+        self.gate = Gate()  # passed by the consumers made with gate=case.gate (see quiet)
         self.scheduling = threading.Lock()  # held by the SQL edition's scheduler during its round
         self.threads = []
         self.watcher = None
@@ -144,7 +145,7 @@ class Case:
         """No consumer of the case's gate in a transaction and no scheduled round running, for the block: a
         round made there has no writer to wait for and no other round to find under way (a SQL edition's
         round then does nothing; the native one waits for the worker's)."""
-        consumers = [t for t in self.threads if self.gate is not None and getattr(t, "gate", None) is self.gate]
+        consumers = [t for t in self.threads if getattr(t, "gate", None) is self.gate]
         try:
             if consumers:
                 self.gate.close(consumers)

@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 from clocklab import UTC, Case, check_case, partitions
-from consumers import Consumer, Gate, Ledger
+from consumers import Consumer, Ledger
 
 START = datetime.datetime(2026, 11, 30, 23, 30, tzinfo=UTC)
 MIDNIGHT = datetime.datetime(2026, 12, 1, tzinfo=UTC)
@@ -96,7 +96,6 @@ def test_clock_steps(server, report):
     case.worker_s = 1
     with case:
         ledger = Ledger("steps")
-        case.gate = Gate()
         case.run_maintenance()
         for n in range(3):
             case.spawn(Consumer(n, ledger, case.connect, case.stop, seed=20 + n, ttl="3 min", gate=case.gate))
@@ -105,7 +104,8 @@ def test_clock_steps(server, report):
             # No autovacuum of the day whose seal is asserted below: its ANALYZE (the launcher, on the wall clock,
             # runs at once after a step forward) holds a lock the seal waits for, cancelled only after
             # deadlock_timeout, longer than drop_lock_timeout.
-            c.execute(f"ALTER TABLE {[p[0] for p in partitions(c) if p[2] == MIDNIGHT][0]} SET (autovacuum_enabled = off)")
+            day = next(p[0] for p in partitions(c) if p[2] == MIDNIGHT)
+            c.execute(f"ALTER TABLE {day} SET (autovacuum_enabled = off)")
             # Forwards an hour across midnight, a transaction of the day before open: its day cannot be sealed
             # until it commits (the seal waits drop_lock_timeout, then leaves it to the next round).
             held = held_step(case, 3600, "fwd", report)
